@@ -1,0 +1,80 @@
+"""The device layer: a compute stream, a copy stream, events and pinned host buffers on CUDA, and
+a CPU stand-in with the same interface that makes ordering bugs visible instead of hiding them.
+
+The stand-in lands a device-to-host copy in its host buffer only when the copy is waited on, and
+poisons a landing buffer when its slot is released: code that reads a landing buffer before
+waiting, or after release, reads POISON."""
+from __future__ import annotations
+
+import torch
+
+POISON = -(2**62)
+
+
+class HostLanding:
+    """A pinned host buffer that receives one device-to-host copy per step."""
+
+    def __init__(self, layer: "DeviceLayer", shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.layer = layer
+        self.host = layer.pinned(shape, dtype)
+        self._done = layer.event()
+        self._pending: torch.Tensor | None = None
+        self._n = 0
+
+    def start(self, src: torch.Tensor, after: object) -> None:
+        """Copy `src` into the first rows of the host buffer once `after` (an event on the compute
+        stream, recorded when `src` was written) has passed, on the copy stream."""
+        self._n = src.shape[0]
+        if self.layer.is_cuda:
+            with torch.cuda.stream(self.layer.copy_stream):
+                self.layer.copy_stream.wait_event(after)
+                self.host[: self._n].copy_(src, non_blocking=True)
+                self._done.record(self.layer.copy_stream)
+        else:
+            self._pending = src.clone()
+
+    def wait(self) -> torch.Tensor:
+        """Block until the copy has landed; returns the landed rows."""
+        if self.layer.is_cuda:
+            self._done.synchronize()
+        elif self._pending is not None:
+            self.host[: self._n].copy_(self._pending)
+            self._pending = None
+        return self.host[: self._n]
+
+    def poison(self) -> None:
+        if not self.layer.is_cuda:
+            self.host.fill_(POISON)
+
+
+class DeviceLayer:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        if self.is_cuda:
+            self.compute_stream = torch.cuda.Stream(device)
+            self.copy_stream = torch.cuda.Stream(device)
+
+    def enter_loop_thread(self) -> None:
+        """Make the compute stream current for the calling (loop) thread."""
+        if self.is_cuda:
+            torch.cuda.set_device(self.device)
+            torch.cuda.set_stream(self.compute_stream)
+
+    def pinned(self, shape: tuple[int, ...] | int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, pin_memory=self.is_cuda)
+
+    def event(self) -> object:
+        return torch.cuda.Event() if self.is_cuda else None
+
+    def record(self, event: object) -> None:
+        """Record `event` on the compute stream."""
+        if self.is_cuda:
+            event.record(self.compute_stream)
+
+    def upload(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Host-to-device copy from a pinned staging buffer, ordered on the compute stream."""
+        dst.copy_(src, non_blocking=True)
+
+    def landing(self, shape: tuple[int, ...], dtype: torch.dtype) -> HostLanding:
+        return HostLanding(self, shape, dtype)

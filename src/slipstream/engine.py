@@ -1,0 +1,250 @@
+"""The public engine: `LLM` loads a model, runs the scheduler loop on its own thread, and offers a
+thread-safe submit / abort / result interface with `generate` on top.
+
+The loop blocks on a condition variable when there is no work (no spinning). If it dies, every
+pending request fails with the loop's error and later calls raise it: nothing hangs."""
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence as Seq
+
+import torch
+
+from .config import EngineConfig
+from .device import DeviceLayer
+from .kv_cache import KVCache, PagePool
+from .models.loader import build_model, load_checkpoint
+from .runner import ModelRunner
+from .sampling import SamplingParams
+from .scheduler import Scheduler, Sequence
+from .tokenizer import IncrementalDetokenizer
+
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+@dataclass
+class RequestMetrics:
+    ttft: float | None  # seconds from submit to the first committed token
+    decode_seconds: float  # seconds from the first committed token to the final result
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated tokens, including the EOS / stop token that ended the request
+    text: str  # generated text without the EOS token
+    finish_reason: str  # "stop" | "length" | "abort"
+    metrics: RequestMetrics
+
+
+class _Pending:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.output: RequestOutput | None = None
+        self.error: BaseException | None = None
+
+
+class LLM:
+    def __init__(self, model: str | None = None, device: str | torch.device | None = None,
+                 dtype: str | torch.dtype = "auto", mode: str = "pipelined", max_num_seqs: int = 64,
+                 **engine_options) -> None:
+        self.config = cfg = EngineConfig(model=model, device=device, dtype=dtype, mode=mode,
+                                         max_num_seqs=max_num_seqs, **engine_options)
+        ckpt = load_checkpoint(model)
+        self.model_config = mc = ckpt.config
+        self.tokenizer = ckpt.tokenizer
+        self.max_model_len = min(cfg.max_model_len or DEFAULT_MAX_MODEL_LEN, mc.max_position_embeddings)
+        self.layer = DeviceLayer(cfg.device)
+        net = build_model(ckpt, cfg.dtype, cfg.device, self.max_model_len)
+        del ckpt
+        self.pool = PagePool(self._num_pages(), cfg.page_size)
+        kv = KVCache(mc.num_layers, self.pool.num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, cfg.dtype,
+                     cfg.device)
+        pages_per_seq = self.pool.pages_for(self.max_model_len + 1)
+        runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, cfg.max_prefill_tokens, pages_per_seq)
+        self.scheduler = Scheduler(runner, self.pool, self.tokenizer, cfg.depth, cfg.max_num_seqs,
+                                   cfg.max_prefill_tokens, self._on_finish)
+        self._ids = itertools.count()
+        self._pending: dict[int, _Pending] = {}
+        self._inbox: deque[tuple[str, object]] = deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="slipstream-loop", daemon=True)
+        self._thread.start()
+
+    def _num_pages(self) -> int:
+        cfg, mc = self.config, self.model_config
+        if cfg.num_pages is not None:
+            return cfg.num_pages
+        per_page = KVCache.bytes_per_page(mc.num_layers, cfg.page_size, mc.num_kv_heads, mc.head_dim, cfg.dtype)
+        if cfg.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(cfg.device)
+            budget = int(free * cfg.kv_memory_fraction)
+        else:
+            budget = cfg.cpu_kv_bytes
+        return max(2, budget // per_page)
+
+    # ---- submit / abort / result --------------------------------------------------------
+    def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
+               on_token: Callable[[int, int, str], None] | None = None) -> int:
+        """Validate and queue one request; returns its id. Bad input raises here and never reaches
+        the loop. `on_token(request_id, num_tokens, text_delta)` is called on the loop thread after
+        each committed token (the delta is "" while a character is still incomplete); if it raises,
+        the request is aborted and its result raises that error."""
+        params = params or SamplingParams()
+        ids = self._prompt_ids(prompt)
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}, which leaves "
+                             f"no room to generate")
+        if len(ids) > self.config.max_prefill_tokens:
+            raise ValueError(f"prompt has {len(ids)} tokens, more than max_prefill_tokens "
+                             f"({self.config.max_prefill_tokens}); raise max_prefill_tokens")
+        seq = Sequence(
+            request_id=next(self._ids), prompt_ids=ids, params=params, max_tokens=min(params.max_tokens, room),
+            seed=params.resolved_seed(),
+            eos_ids=frozenset(self.model_config.eos_token_ids) | frozenset(params.stop_token_ids),
+            detok=IncrementalDetokenizer(self.tokenizer),
+            constraint=params.constraint() if params.constraint else None,
+            on_token=(lambda s, delta: on_token(s.request_id, len(s.output_ids), delta)) if on_token else None,
+        )
+        pages = self.pool.pages_for(self.scheduler.reserve_tokens(seq))
+        if pages > self.pool.total:
+            raise ValueError(f"request needs {pages} KV pages (prompt + max_tokens), the cache has "
+                             f"{self.pool.total}; lower max_tokens or give the cache more memory")
+        pending = _Pending()
+        with self._cv:
+            self._raise_if_dead()
+            self._pending[seq.request_id] = pending
+            self._inbox.append(("add", seq))
+            self._cv.notify()
+        return seq.request_id
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        return ids
+
+    def abort(self, request_id: int) -> None:
+        """Abort a request; its result (finish_reason 'abort') is still delivered."""
+        with self._cv:
+            self._inbox.append(("abort", request_id))
+            self._cv.notify()
+
+    def result(self, request_id: int, timeout: float | None = None) -> RequestOutput:
+        with self._cv:
+            pending = self._pending.get(request_id)
+        if pending is None:
+            raise KeyError(f"unknown request id {request_id} (or its result was already taken)")
+        if not pending.done.wait(timeout):
+            raise TimeoutError(f"request {request_id} did not finish within {timeout} s")
+        with self._cv:
+            self._pending.pop(request_id, None)
+        if pending.error is not None:
+            raise RuntimeError(f"request {request_id} failed: {pending.error!r}") from pending.error
+        return pending.output
+
+    def generate(self, prompts: str | list[int] | Seq[str | list[int]],
+                 params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run a batch of prompts to completion; outputs come back in prompt order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if isinstance(params, (list, tuple)):
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+            per_prompt = list(params)
+        else:
+            per_prompt = [params] * len(prompts)
+        ids = []
+        try:
+            for p, sp in zip(prompts, per_prompt):
+                ids.append(self.submit(p, sp))
+        except BaseException:
+            for rid in ids:
+                self.abort(rid)
+            raise
+        return [self.result(rid) for rid in ids]
+
+    def stats(self) -> dict[str, int]:
+        sched = self.scheduler
+        with self._cv:
+            return {"kv_pages_total": self.pool.total, "kv_pages_free": self.pool.num_free,
+                    "running": len(sched.running), "waiting": len(sched.waiting) + sum(
+                        1 for kind, _ in self._inbox if kind == "add"),
+                    "steps": sum(sched.steps.values()), "prefill_steps": sched.steps["prefill"],
+                    "decode_steps": sched.steps["decode"]}
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # ---- the loop thread ----------------------------------------------------------------
+    def _on_finish(self, seq: Sequence) -> None:
+        toks = seq.output_ids
+        end = len(toks) - 1 if seq.finish_reason == "stop" and toks else len(toks)
+        first = seq.first_token_time
+        out = RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_ids, token_ids=list(toks),
+            text=self.tokenizer.decode(toks[:end]), finish_reason=seq.finish_reason,
+            metrics=RequestMetrics(ttft=None if first is None else first - seq.arrival,
+                                   decode_seconds=0.0 if first is None else seq.finish_time - first))
+        with self._cv:
+            pending = self._pending.get(seq.request_id)
+        if pending is not None:
+            pending.output, pending.error = out, seq.error
+            pending.done.set()
+
+    def _loop(self) -> None:
+        try:
+            self.layer.enter_loop_thread()
+            sched = self.scheduler
+            while True:
+                with self._cv:
+                    while not self._inbox and not sched.has_work() and not self._stopping:
+                        self._cv.wait()
+                    if self._stopping:
+                        return
+                    inbox, self._inbox = self._inbox, deque()
+                for kind, item in inbox:
+                    if kind == "add":
+                        sched.add(item)
+                    else:
+                        sched.abort(item)
+                if sched.has_work():
+                    sched.tick()
+        except BaseException as e:  # the loop must never die silently: fail every pending request
+            with self._cv:
+                self._error = e
+                for pending in self._pending.values():
+                    if not pending.done.is_set():
+                        pending.error = e
+                        pending.done.set()
+
+    def _raise_if_dead(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the engine loop died: {self._error!r}") from self._error
+        if self._stopping:
+            raise RuntimeError("the engine is shut down")

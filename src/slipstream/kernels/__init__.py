@@ -1,0 +1,1 @@
+"""Device kernels. Each has a plain-torch reference that runs on any device."""

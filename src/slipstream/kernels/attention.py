@@ -1,0 +1,46 @@
+"""Attention over the paged KV cache in plain torch (the reference path; CPU and GPU).
+
+Pages are [num_pages, page_size, kv_heads, head_dim]; a token's KV lives at flat slot
+page * page_size + offset, and `slot_mapping` gives that slot for every token of a step."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(k_pages: torch.Tensor, v_pages: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store this step's K/V ([tokens, kv_heads, head_dim]) at their slots."""
+    k_pages.view(-1, *k_pages.shape[2:]).index_copy_(0, slot_mapping, k)
+    v_pages.view(-1, *v_pages.shape[2:]).index_copy_(0, slot_mapping, v)
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int],
+                      scale: float) -> torch.Tensor:
+    """Causal attention of packed prompts over themselves. q [T, H, D], k/v [T, KVH, D];
+    `seq_lens` (host ints) splits the T tokens into sequences."""
+    outs = []
+    start = 0
+    for n in seq_lens:
+        qs, ks, vs = (x[start:start + n].transpose(0, 1) for x in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
+                                           enable_gqa=qs.shape[0] != ks.shape[0])
+        outs.append(o.transpose(0, 1))
+        start += n
+    return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+
+def decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
+                     context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query per row over that row's pages. q [B, H, D]; page_table [B, P]; context_lens [B]
+    counts the keys each row attends to (its own new token included)."""
+    b, h, d = q.shape
+    kvh = k_pages.shape[2]
+    k = k_pages[page_table].reshape(b, -1, kvh, d)
+    v = v_pages[page_table].reshape(b, -1, kvh, d)
+    qg = q.view(b, kvh, h // kvh, d).float()
+    scores = torch.einsum("bkgd,blkd->bkgl", qg, k.float()) * scale
+    valid = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    out = torch.einsum("bkgl,blkd->bkgd", scores.softmax(dim=-1), v.float())
+    return out.reshape(b, h, d).to(q.dtype)

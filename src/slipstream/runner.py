@@ -1,0 +1,128 @@
+"""ModelRunner: puts a planned step on the device. It stages the step's metadata into its slot,
+queues the forward, and (now or at finalize) queues sampling, the scatter of each row's token into
+the device last-token table, and the device-to-host copy of the sampled tokens.
+
+Decode steps read their input ids from the last-token table on the device (indexed by each
+sequence's row), so a token never has to reach the host before the next forward can use it."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .device import DeviceLayer
+from .kv_cache import SCRATCH_PAGE, KVCache
+from .models.llama import AttentionInputs, LlamaForCausalLM
+from .pipeline import Step
+from .sampling import sample
+from .slot import DecodeSlot
+
+ALL_ALLOWED = np.int32(-1)
+
+
+def decode_bucket(n: int, max_rows: int) -> int:
+    """Decode batches are padded to 1, 2, 4, 8, then multiples of 8 (the CUDA-graph buckets)."""
+    for b in (1, 2, 4, 8):
+        if n <= b:
+            return min(b, max_rows)
+    return min(-(-n // 8) * 8, max_rows)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv: KVCache, layer: DeviceLayer, max_num_seqs: int,
+                 max_step_tokens: int, max_pages_per_seq: int) -> None:
+        self.model = model
+        self.kv = kv
+        self.layer = layer
+        self.page_size = kv.page_size
+        self.vocab_size = model.config.vocab_size
+        self.max_rows = max_num_seqs
+        self.scratch_row = max_num_seqs
+        self.slots = [DecodeSlot(i, layer, max(max_step_tokens, max_num_seqs), max_num_seqs, max_pages_per_seq,
+                                 self.vocab_size) for i in range(2)]
+        self.last_tokens = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=layer.device)
+
+    def launch_forward(self, step: Step) -> None:
+        """Stage metadata for `step` (sequences as planned, before their counters advance) and queue
+        its forward on the compute stream."""
+        slot = self.slots[step.slot]
+        h = slot.host
+        seqs = step.seqs
+        ps = self.page_size
+        if step.kind == "prefill":
+            t = 0
+            for i, s in enumerate(seqs):
+                n = len(s.prompt_ids)
+                pos = np.arange(n)
+                pages = np.asarray(s.pages)
+                h["ids"][t:t + n] = s.prompt_ids
+                h["positions"][t:t + n] = pos
+                h["slot_mapping"][t:t + n] = pages[pos // ps] * ps + pos % ps
+                t += n
+                h["logits_index"][i] = t - 1
+            rows = step.num_rows = len(seqs)
+        else:
+            rows = step.num_rows = decode_bucket(len(seqs), self.max_rows)
+            width = 1
+            for i, s in enumerate(seqs):
+                pos = s.kv_len
+                h["positions"][i] = pos
+                h["slot_mapping"][i] = s.pages[pos // ps] * ps + pos % ps
+                h["context_lens"][i] = pos + 1
+                n = pos // ps + 1
+                h["page_table"][i, :n] = s.pages[:n]
+                width = max(width, n)
+            pad = slice(len(seqs), rows)
+            h["positions"][pad] = 0
+            h["slot_mapping"][pad] = SCRATCH_PAGE * ps
+            h["context_lens"][pad] = 1
+            h["page_table"][pad, :width] = SCRATCH_PAGE
+            h["rows"][pad] = self.scratch_row
+        live = slice(0, len(seqs))
+        h["rows"][live] = [s.row for s in seqs]
+        h["seeds"][:rows] = 0
+        h["token_index"][:rows] = 0
+        h["temperature"][:rows] = 0.0
+        h["seeds"][live] = [s.seed for s in seqs]
+        h["token_index"][live] = [s.sampled_launched for s in seqs]
+        h["temperature"][live] = [s.params.temperature for s in seqs]
+        self.layer.upload(slot.meta_dev, slot.meta_host)
+        d = slot.dev
+        if step.kind == "prefill":
+            attn = AttentionInputs(True, d["slot_mapping"][:t], seq_lens=[len(s.prompt_ids) for s in seqs])
+            slot.logits = self.model(d["ids"][:t], d["positions"][:t], attn, self.kv, d["logits_index"][:rows])
+        else:
+            attn = AttentionInputs(False, d["slot_mapping"][:rows], page_table=d["page_table"][:rows, :width],
+                                   context_lens=d["context_lens"][:rows])
+            ids = self.last_tokens[d["rows"][:rows]]
+            slot.logits = self.model(ids, d["positions"][:rows], attn, self.kv, None)
+
+    def mask_rows(self, step: Step) -> np.ndarray:
+        """The slot's pinned bitmask rows for `step`, to be filled at finalize."""
+        return self.slots[step.slot].mask_host_np[: step.num_rows]
+
+    def launch_sampling(self, step: Step, masked: bool, any_random: bool) -> None:
+        """Queue sampling, the last-token scatter and the host copy of the sampled tokens."""
+        slot = self.slots[step.slot]
+        rows = step.num_rows
+        d = slot.dev
+        mask = None
+        if masked:
+            self.layer.upload(slot.mask_dev[:rows], slot.mask_host[:rows])
+            mask = slot.mask_dev[:rows]
+        tokens = sample(slot.logits, d["temperature"][:rows], d["seeds"][:rows], d["token_index"][:rows], mask,
+                        any_random)
+        self.last_tokens.index_copy_(0, d["rows"][:rows], tokens)
+        slot.sampled[:rows].copy_(tokens)
+        self.layer.record(slot.sampled_event)
+        slot.landing.start(slot.sampled[:rows], slot.sampled_event)
+
+    def wait_tokens(self, step: Step) -> list[int]:
+        """Block until `step`'s sampled tokens have landed on the host; one token per live row."""
+        landed = self.slots[step.slot].landing.wait()[: len(step.seqs)].numpy()
+        if landed.size and (landed.min() < 0 or landed.max() >= self.vocab_size):
+            raise RuntimeError(f"step {step.index}: landing buffer holds {landed.tolist()}, not token ids; "
+                               f"it was read before its copy completed or after its slot was released")
+        return landed.tolist()
+
+    def release(self, step: Step) -> None:
+        self.slots[step.slot].release()

@@ -1,0 +1,194 @@
+"""Requests, batching and the tick: launch (t+1), commit (t), finalize (t+1).
+
+All state here is mutated on the loop thread only. A sequence is `finalized` when its result is
+decided (EOS, stop token, length cap, abort) and emitted right then; it keeps its row and KV pages
+until `inflight_refs` — the in-flight steps that reference it — drops to zero. A commit that meets
+a finalized sequence (a zombie: it was planned into the next step before its end was known)
+appends nothing and only drops the reference."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .kv_cache import PagePool
+from .pipeline import Pipeline, Step
+from .runner import ALL_ALLOWED, ModelRunner
+from .sampling import SamplingParams, TokenConstraint
+from .tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass
+class Sequence:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # params.max_tokens capped by the model length
+    seed: int
+    eos_ids: frozenset[int]
+    detok: IncrementalDetokenizer
+    constraint: TokenConstraint | None = None
+    on_token: Callable[["Sequence", str], None] | None = None  # (sequence, text delta) per committed token
+    arrival: float = field(default_factory=time.perf_counter)
+    row: int = -1
+    pages: list[int] = field(default_factory=list)
+    kv_len: int = 0  # tokens whose KV is written by steps launched so far
+    sampled_launched: int = 0  # output tokens that launched steps will produce
+    output_ids: list[int] = field(default_factory=list)
+    finalized: bool = False
+    finish_reason: str | None = None
+    inflight_refs: int = 0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    error: BaseException | None = None  # raised by the request's own callback; the request is aborted
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, pool: PagePool, tokenizer: Tokenizer, depth: int, max_num_seqs: int,
+                 max_prefill_tokens: int, on_finish: Callable[[Sequence], None]) -> None:
+        self.runner = runner
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self.pipeline = Pipeline(depth)
+        self.max_num_seqs = max_num_seqs
+        self.max_prefill_tokens = max_prefill_tokens
+        self.on_finish = on_finish
+        self.waiting: deque[Sequence] = deque()
+        self.running: dict[int, Sequence] = {}  # holds a row and pages: live sequences and zombies
+        self.free_rows = list(range(max_num_seqs - 1, -1, -1))
+        self.steps = {"prefill": 0, "decode": 0}
+
+    # ---- requests -------------------------------------------------------------------------
+    def reserve_tokens(self, seq: Sequence) -> int:
+        """KV tokens reserved at admission: prompt + max_tokens + one zombie step."""
+        return len(seq.prompt_ids) + seq.max_tokens + 1
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def abort(self, request_id: int) -> None:
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                self._finish(seq, "abort")
+                return
+        seq = self.running.get(request_id)
+        if seq is not None and not seq.finalized:
+            self._finish(seq, "abort")
+            self._release_if_done(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.pipeline.inflight)
+
+    # ---- the tick -------------------------------------------------------------------------
+    def tick(self) -> None:
+        """One scheduler tick. Pipelined (depth 2): launch(t+1), commit(t), finalize(t+1).
+        Blocking (depth 1): launch(t+1), finalize(t+1), commit(t+1). Same code, the depth decides."""
+        pipe = self.pipeline
+        launched = pipe.can_launch() and self._launch_next()
+        if pipe.inflight and (len(pipe.inflight) >= pipe.depth or not launched):
+            oldest = pipe.oldest()
+            if not oldest.finalized:
+                self._finalize(oldest)
+            self._commit(oldest)
+        for step in pipe.unfinalized():
+            self._finalize(step)
+
+    def _launch_next(self) -> bool:
+        step = self._plan_prefill() or self._plan_decode()
+        if step is None:
+            return False
+        self.pipeline.launch(step)
+        self.runner.launch_forward(step)
+        for s in step.seqs:
+            s.inflight_refs += 1
+            s.sampled_launched += 1
+            s.kv_len = len(s.prompt_ids) if step.kind == "prefill" else s.kv_len + 1
+        self.steps[step.kind] += 1
+        if not step.constrained:
+            self._finalize(step)
+        return True
+
+    def _plan_prefill(self) -> Step | None:
+        admitted, budget = [], self.max_prefill_tokens
+        while self.waiting and self.free_rows:
+            seq = self.waiting[0]
+            n_pages = self.pool.pages_for(self.reserve_tokens(seq))
+            if len(seq.prompt_ids) > budget or n_pages > self.pool.num_free:
+                break
+            self.waiting.popleft()
+            budget -= len(seq.prompt_ids)
+            seq.row = self.free_rows.pop()
+            seq.pages = self.pool.allocate(n_pages)
+            self.running[seq.request_id] = seq
+            admitted.append(seq)
+        if not admitted:
+            return None
+        return Step(self.pipeline.launched, "prefill", admitted, any(s.constraint for s in admitted))
+
+    def _plan_decode(self) -> Step | None:
+        """Every live sequence that still has tokens to produce. A sequence whose launched steps
+        already reach max_tokens is left out: it is known to finish, so it never becomes a zombie."""
+        seqs = [s for s in self.running.values() if not s.finalized and s.sampled_launched < s.max_tokens]
+        if not seqs:
+            return None
+        return Step(self.pipeline.launched, "decode", seqs, any(s.constraint for s in seqs))
+
+    def _finalize(self, step: Step) -> None:
+        """Queue the step's sampling. Masks come from committed state: the previous step has
+        committed by now whenever this step has a constrained row."""
+        masked = step.constrained
+        if masked:
+            words = self.runner.mask_rows(step)
+            words[:] = ALL_ALLOWED
+            for i, s in enumerate(step.seqs):
+                if s.constraint is not None and not s.finalized:
+                    words[i] = 0
+                    s.constraint.fill_mask(words[i])
+        any_random = any(s.params.temperature > 0 for s in step.seqs)
+        self.runner.launch_sampling(step, masked, any_random)
+        self.pipeline.finalize(step)
+
+    def _commit(self, step: Step) -> None:
+        tokens = self.runner.wait_tokens(step)
+        now = time.perf_counter()
+        for seq, tok in zip(step.seqs, tokens):
+            seq.inflight_refs -= 1
+            if not seq.finalized:
+                self._append(seq, tok, now)
+            self._release_if_done(seq)
+        self.runner.release(step)
+        self.pipeline.commit_oldest()
+
+    def _append(self, seq: Sequence, tok: int, now: float) -> None:
+        seq.output_ids.append(tok)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        if seq.constraint is not None:
+            seq.constraint.advance(tok)
+        delta = seq.detok.push(tok)
+        if seq.on_token is not None:
+            try:
+                seq.on_token(seq, delta)
+            except Exception as e:  # a user callback must not take the engine down
+                seq.error = e
+                self._finish(seq, "abort")
+                return
+        if (tok in seq.eos_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids:
+            self._finish(seq, "stop")
+        elif len(seq.output_ids) >= seq.max_tokens:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finalized = True
+        seq.finish_reason = reason
+        seq.finish_time = time.perf_counter()
+        self.on_finish(seq)
+
+    def _release_if_done(self, seq: Sequence) -> None:
+        if seq.finalized and seq.inflight_refs == 0 and seq.row >= 0:
+            self.pool.free(seq.pages)
+            self.free_rows.append(seq.row)
+            del self.running[seq.request_id]
+            seq.pages, seq.row = [], -1

@@ -1,0 +1,57 @@
+"""DecodeSlot: every buffer one in-flight step needs, allocated once and reused.
+
+A step's host-side metadata (input ids, positions, KV slots, rows, page-table rows, sampling
+parameters) is staged in one pinned int64 buffer and sent in one non-blocking copy; the device
+copy is cut into views at fixed offsets, so the addresses never change between steps."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .device import DeviceLayer
+
+# (name, length in units of: T = max tokens per step, B = max rows per step, BP = B * max pages per row)
+_SECTIONS = (("ids", "T"), ("positions", "T"), ("slot_mapping", "T"), ("rows", "B"), ("context_lens", "B"),
+             ("logits_index", "B"), ("seeds", "B"), ("token_index", "B"), ("temperature", "B"), ("page_table", "BP"))
+
+
+def _views(buf: torch.Tensor, max_tokens: int, max_rows: int, max_pages: int) -> dict[str, torch.Tensor]:
+    sizes = {"T": max_tokens, "B": max_rows, "BP": max_rows * max_pages}
+    out, off = {}, 0
+    for name, unit in _SECTIONS:
+        n = sizes[unit]
+        out[name] = buf[off:off + n]
+        off += n
+    out["temperature"] = out["temperature"].view(torch.float64)
+    out["page_table"] = out["page_table"].view(max_rows, max_pages)
+    return out
+
+
+def meta_size(max_tokens: int, max_rows: int, max_pages: int) -> int:
+    sizes = {"T": max_tokens, "B": max_rows, "BP": max_rows * max_pages}
+    return sum(sizes[unit] for _, unit in _SECTIONS)
+
+
+class DecodeSlot:
+    def __init__(self, index: int, layer: DeviceLayer, max_tokens: int, max_rows: int, max_pages: int,
+                 vocab_size: int) -> None:
+        self.index = index
+        size = meta_size(max_tokens, max_rows, max_pages)
+        self.meta_host = layer.pinned(size, torch.int64)
+        self.meta_dev = torch.zeros(size, dtype=torch.int64, device=layer.device)
+        host = _views(self.meta_host, max_tokens, max_rows, max_pages)
+        self.host: dict[str, np.ndarray] = {k: v.numpy() for k, v in host.items()}
+        self.dev = _views(self.meta_dev, max_tokens, max_rows, max_pages)
+        words = -(-vocab_size // 32)
+        self.mask_host = layer.pinned((max_rows, words), torch.int32)
+        self.mask_host_np = self.mask_host.numpy()
+        self.mask_dev = torch.zeros((max_rows, words), dtype=torch.int32, device=layer.device)
+        self.sampled = torch.zeros(max_rows, dtype=torch.int64, device=layer.device)
+        self.sampled_event = layer.event()
+        self.landing = layer.landing((max_rows,), torch.int64)
+        self.logits: torch.Tensor | None = None
+
+    def release(self) -> None:
+        """Called after the commit that read this slot: its landing buffer may be reused now."""
+        self.logits = None
+        self.landing.poison()

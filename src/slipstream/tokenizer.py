@@ -1,0 +1,88 @@
+"""Tokenizer (a `tokenizers` fast tokenizer from tokenizer.json or GGUF metadata) and the
+incremental detokenizer that the commit uses to stream text as tokens arrive."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as FastTokenizer
+
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+
+
+class Tokenizer:
+    def __init__(self, fast: FastTokenizer, chat_template: str | None = None) -> None:
+        self.fast = fast
+        self.chat_template = chat_template
+
+    @property
+    def vocab_size(self) -> int:
+        return self.fast.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.fast.encode(text, add_special_tokens=True).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.fast.decode(ids, skip_special_tokens=True)
+
+    def token_id(self, token: str) -> int | None:
+        return self.fast.token_to_id(token)
+
+    @classmethod
+    def from_dir(cls, path: Path) -> "Tokenizer":
+        file = path / "tokenizer.json"
+        if not file.exists():
+            raise FileNotFoundError(f"{path}: no tokenizer.json (slipstream reads fast tokenizers only)")
+        try:
+            fast = FastTokenizer.from_file(str(file))
+        except Exception as e:
+            raise ValueError(f"{file}: cannot be parsed as a tokenizers file: {e}") from None
+        template = None
+        cfg_file = path / "tokenizer_config.json"
+        if cfg_file.exists():
+            template = json.loads(cfg_file.read_text()).get("chat_template")
+        return cls(fast, template)
+
+    @classmethod
+    def from_gguf(cls, meta: dict[str, Any], source: str) -> "Tokenizer":
+        """A byte-level BPE tokenizer from GGUF's tokenizer.ggml.* fields."""
+        kind = meta.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ValueError(f"{source}: GGUF tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' is)")
+        tokens = meta["tokenizer.ggml.tokens"]
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        fast = FastTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if meta.get("tokenizer.ggml.pre") == "smollm":  # SmolLM splits every digit on its own
+            fast.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        else:
+            fast.pre_tokenizer = byte_level
+        fast.decoder = decoders.ByteLevel()
+        types = meta.get("tokenizer.ggml.token_type") or []
+        fast.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                 for i, t in enumerate(types) if t == _GGUF_CONTROL])
+        fast.add_tokens([AddedToken(tokens[i], normalized=False) for i, t in enumerate(types) if t == _GGUF_USER_DEFINED])
+        return cls(fast, meta.get("tokenizer.chat_template"))
+
+
+class IncrementalDetokenizer:
+    """Turns a growing token list into text deltas without ever emitting half a UTF-8 character:
+    a byte-level token can end mid-character, so text is released only once it decodes cleanly."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0
+        self.read = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return after[len(before):]
+
