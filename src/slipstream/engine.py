@@ -48,13 +48,13 @@ class _Pending:
         self.error: BaseException | None = None
 
 
-class LLM:
-    def __init__(self, model: str | None = None, device: str | torch.device | None = None,
-                 dtype: str | torch.dtype = "auto", mode: str = "pipelined", max_num_seqs: int = 64,
-                 **engine_options) -> None:
-        self.config = cfg = EngineConfig(model=model, device=device, dtype=dtype, mode=mode,
-                                         max_num_seqs=max_num_seqs, **engine_options)
-        ckpt = load_checkpoint(model)
+class EngineCore:
+    """Model, cache, runner and scheduler, driven by whoever calls `scheduler.tick()`: the LLM's
+    loop thread, or a test that steps it by hand."""
+
+    def __init__(self, config: EngineConfig, on_finish: Callable[[Sequence], None]) -> None:
+        self.config = cfg = config
+        ckpt = load_checkpoint(cfg.model)
         self.model_config = mc = ckpt.config
         self.tokenizer = ckpt.tokenizer
         self.max_model_len = min(cfg.max_model_len or DEFAULT_MAX_MODEL_LEN, mc.max_position_embeddings)
@@ -65,17 +65,10 @@ class LLM:
         kv = KVCache(mc.num_layers, self.pool.num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, cfg.dtype,
                      cfg.device)
         pages_per_seq = self.pool.pages_for(self.max_model_len + 1)
-        runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, cfg.max_prefill_tokens, pages_per_seq)
-        self.scheduler = Scheduler(runner, self.pool, self.tokenizer, cfg.depth, cfg.max_num_seqs,
-                                   cfg.max_prefill_tokens, self._on_finish)
+        self.runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, cfg.max_prefill_tokens, pages_per_seq)
+        self.scheduler = Scheduler(self.runner, self.pool, self.tokenizer, cfg.depth, cfg.max_num_seqs,
+                                   cfg.max_prefill_tokens, on_finish)
         self._ids = itertools.count()
-        self._pending: dict[int, _Pending] = {}
-        self._inbox: deque[tuple[str, object]] = deque()
-        self._cv = threading.Condition()
-        self._stopping = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, name="slipstream-loop", daemon=True)
-        self._thread.start()
 
     def _num_pages(self) -> int:
         cfg, mc = self.config, self.model_config
@@ -89,13 +82,9 @@ class LLM:
             budget = cfg.cpu_kv_bytes
         return max(2, budget // per_page)
 
-    # ---- submit / abort / result --------------------------------------------------------
-    def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
-               on_token: Callable[[int, int, str], None] | None = None) -> int:
-        """Validate and queue one request; returns its id. Bad input raises here and never reaches
-        the loop. `on_token(request_id, num_tokens, text_delta)` is called on the loop thread after
-        each committed token (the delta is "" while a character is still incomplete); if it raises,
-        the request is aborted and its result raises that error."""
+    def make_sequence(self, prompt: str | list[int], params: SamplingParams | None,
+                      on_token: Callable[[int, int, str], None] | None) -> Sequence:
+        """Validate a request and build its Sequence; every bad input raises ValueError/TypeError here."""
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
         room = self.max_model_len - len(ids)
@@ -117,13 +106,7 @@ class LLM:
         if pages > self.pool.total:
             raise ValueError(f"request needs {pages} KV pages (prompt + max_tokens), the cache has "
                              f"{self.pool.total}; lower max_tokens or give the cache more memory")
-        pending = _Pending()
-        with self._cv:
-            self._raise_if_dead()
-            self._pending[seq.request_id] = pending
-            self._inbox.append(("add", seq))
-            self._cv.notify()
-        return seq.request_id
+        return seq
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -139,6 +122,58 @@ class LLM:
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         return ids
+
+    def output(self, seq: Sequence) -> RequestOutput:
+        toks = seq.output_ids
+        end = len(toks) - 1 if seq.finish_reason == "stop" and toks else len(toks)
+        first = seq.first_token_time
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_ids, token_ids=list(toks),
+            text=self.tokenizer.decode(toks[:end]), finish_reason=seq.finish_reason,
+            metrics=RequestMetrics(ttft=None if first is None else first - seq.arrival,
+                                   decode_seconds=0.0 if first is None else seq.finish_time - first))
+
+    def stats(self) -> dict[str, int]:
+        sched = self.scheduler
+        return {"kv_pages_total": self.pool.total, "kv_pages_free": self.pool.num_free,
+                "running": len(sched.running), "waiting": len(sched.waiting),
+                "steps": sum(sched.steps.values()), "prefill_steps": sched.steps["prefill"],
+                "decode_steps": sched.steps["decode"]}
+
+
+class LLM:
+    """The offline engine: `generate` for batches, `submit`/`result`/`abort` for anything finer."""
+
+    def __init__(self, model: str | None = None, device: str | torch.device | None = None,
+                 dtype: str | torch.dtype = "auto", mode: str = "pipelined", max_num_seqs: int = 64,
+                 **engine_options) -> None:
+        config = EngineConfig(model=model, device=device, dtype=dtype, mode=mode, max_num_seqs=max_num_seqs,
+                              **engine_options)
+        self.core = EngineCore(config, self._on_finish)
+        self.tokenizer = self.core.tokenizer
+        self._pending: dict[int, _Pending] = {}
+        self._inbox: deque[tuple[str, object]] = deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="slipstream-loop", daemon=True)
+        self._thread.start()
+
+    # ---- submit / abort / result --------------------------------------------------------
+    def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
+               on_token: Callable[[int, int, str], None] | None = None) -> int:
+        """Validate and queue one request; returns its id. Bad input raises here and never reaches
+        the loop. `on_token(request_id, num_tokens, text_delta)` is called on the loop thread after
+        each committed token (the delta is "" while a character is still incomplete); if it raises,
+        the request is aborted and its result raises that error."""
+        seq = self.core.make_sequence(prompt, params, on_token)
+        pending = _Pending()
+        with self._cv:
+            self._raise_if_dead()
+            self._pending[seq.request_id] = pending
+            self._inbox.append(("add", seq))
+            self._cv.notify()
+        return seq.request_id
 
     def abort(self, request_id: int) -> None:
         """Abort a request; its result (finish_reason 'abort') is still delivered."""
@@ -181,13 +216,10 @@ class LLM:
         return [self.result(rid) for rid in ids]
 
     def stats(self) -> dict[str, int]:
-        sched = self.scheduler
         with self._cv:
-            return {"kv_pages_total": self.pool.total, "kv_pages_free": self.pool.num_free,
-                    "running": len(sched.running), "waiting": len(sched.waiting) + sum(
-                        1 for kind, _ in self._inbox if kind == "add"),
-                    "steps": sum(sched.steps.values()), "prefill_steps": sched.steps["prefill"],
-                    "decode_steps": sched.steps["decode"]}
+            stats = self.core.stats()
+            stats["waiting"] += sum(1 for kind, _ in self._inbox if kind == "add")
+            return stats
 
     def shutdown(self) -> None:
         with self._cv:
@@ -203,14 +235,7 @@ class LLM:
 
     # ---- the loop thread ----------------------------------------------------------------
     def _on_finish(self, seq: Sequence) -> None:
-        toks = seq.output_ids
-        end = len(toks) - 1 if seq.finish_reason == "stop" and toks else len(toks)
-        first = seq.first_token_time
-        out = RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=seq.prompt_ids, token_ids=list(toks),
-            text=self.tokenizer.decode(toks[:end]), finish_reason=seq.finish_reason,
-            metrics=RequestMetrics(ttft=None if first is None else first - seq.arrival,
-                                   decode_seconds=0.0 if first is None else seq.finish_time - first))
+        out = self.core.output(seq)
         with self._cv:
             pending = self._pending.get(seq.request_id)
         if pending is not None:
@@ -219,8 +244,8 @@ class LLM:
 
     def _loop(self) -> None:
         try:
-            self.layer.enter_loop_thread()
-            sched = self.scheduler
+            self.core.layer.enter_loop_thread()
+            sched = self.core.scheduler
             while True:
                 with self._cv:
                     while not self._inbox and not sched.has_work() and not self._stopping:
