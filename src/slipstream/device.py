@@ -20,6 +20,7 @@ class HostLanding:
         self._done = layer.event()
         self._pending: torch.Tensor | None = None
         self._n = 0
+        self.poison()
 
     def start(self, src: torch.Tensor, after: object) -> None:
         """Copy `src` into the first rows of the host buffer once `after` (an event on the compute
