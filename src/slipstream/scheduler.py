@@ -58,6 +58,7 @@ class Scheduler:
         self.running: dict[int, Sequence] = {}  # holds a row and pages: live sequences and zombies
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.steps = {"prefill": 0, "decode": 0}
+        self.commit_log: deque[tuple[str, float]] = deque(maxlen=100_000)  # (kind, commit time), for benchmarks
 
     # ---- requests -------------------------------------------------------------------------
     def reserve_tokens(self, seq: Sequence) -> int:
@@ -153,6 +154,7 @@ class Scheduler:
     def _commit(self, step: Step) -> None:
         tokens = self.runner.wait_tokens(step)
         now = time.perf_counter()
+        self.commit_log.append((step.kind, now))
         for seq, tok in zip(step.seqs, tokens):
             seq.inflight_refs -= 1
             if not seq.finalized:

@@ -71,7 +71,7 @@ def build_model(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_
             raise ValueError(f"{ckpt.source}: tensor {name!r} is missing from the checkpoint")
         t = ckpt.tensors[name]
         if tuple(t.shape) != tuple(meta.shape):
-            raise ValueError(f"{ckpt.files[name]}: tensor {name!r} has shape {tuple(t.shape)}, but config.json "
+            raise ValueError(f"{ckpt.files[name]}: tensor {name!r} has shape {tuple(t.shape)}, but the model config "
                              f"implies {tuple(meta.shape)}; the checkpoint and its config do not match")
         state[name] = t.to(device=device, dtype=dtype)
     model.load_state_dict(state, strict=False, assign=True)

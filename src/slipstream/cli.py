@@ -1,0 +1,61 @@
+"""The `slipstream` command: generate text, or benchmark the decode loop."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _csv(kind):
+    return lambda s: [kind(x) for x in s.split(",") if x]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="slipstream", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="stream a completion of PROMPT (default model: embedded SmolLM2-135M)")
+    g.add_argument("prompt")
+    g.add_argument("--model", default=None, help="HF model directory or .gguf file (default: the embedded model)")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--mode", default="pipelined", choices=["pipelined", "blocking"])
+    g.add_argument("--device", default=None)
+    g.add_argument("--dtype", default="auto")
+
+    b = sub.add_parser("bench", help="decode throughput, pipelined vs blocking")
+    b.add_argument("--model", default=None)
+    b.add_argument("--streams", type=_csv(int), default=[1, 8])
+    b.add_argument("--mode", type=_csv(str), default=["pipelined", "blocking"])
+    b.add_argument("--prompt-tokens", type=int, default=64)
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--device", default=None)
+    b.add_argument("--dtype", default="auto")
+    b.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+
+    args = p.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        from .bench import run
+
+        run(args.model, args.streams, args.mode, args.prompt_tokens, args.max_tokens, args.device, args.dtype,
+            args.out)
+        return 0
+    except (ValueError, FileNotFoundError, TypeError) as e:
+        print(f"slipstream: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _generate(args) -> int:
+    from . import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    with LLM(args.model, device=args.device, dtype=args.dtype, mode=args.mode, max_num_seqs=1) as llm:
+        rid = llm.submit(args.prompt, params, on_token=lambda _r, _n, delta: print(delta, end="", flush=True))
+        out = llm.result(rid)
+    print()
+    print(f"[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}, ttft {out.metrics.ttft * 1e3:.0f} ms, "
+          f"{len(out.token_ids) / max(out.metrics.decode_seconds, 1e-9):.1f} tok/s]", file=sys.stderr)
+    return 0
