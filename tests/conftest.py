@@ -54,22 +54,33 @@ def tiny_tokenizer():
     return _train_tokenizer(400)
 
 
-def build_tiny_llama(root: Path, tokenizer, *, kv_heads: int = 2, tie: bool = False, seed: int = 0,
-                     **overrides) -> TinyModel:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def build_tiny(root: Path, tokenizer, arch: str = "llama", *, kv_heads: int = 2, tie: bool = False, seed: int = 0,
+               **overrides) -> TinyModel:
+    """A random-weight checkpoint written by transformers: arch is llama, qwen2, qwen3 or phi."""
+    import transformers
 
     vocab = tokenizer.get_vocab_size()
     eos = tokenizer.token_to_id("<|im_end|>")
     cfg = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=kv_heads, max_position_embeddings=512, tie_word_embeddings=tie,
-               bos_token_id=tokenizer.token_to_id("<|endoftext|>"), eos_token_id=eos, rms_norm_eps=1e-5)
+               bos_token_id=tokenizer.token_to_id("<|endoftext|>"), eos_token_id=eos)
+    if arch == "phi":
+        cfg.update(partial_rotary_factor=0.5)
+    else:
+        cfg.update(rms_norm_eps=1e-5)
+    if arch == "qwen3":
+        cfg.update(head_dim=32)
     cfg.update(overrides)
+    config_cls, model_cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                             "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "phi": ("PhiConfig", "PhiForCausalLM")}[arch]
     torch.manual_seed(seed)
-    hf = LlamaForCausalLM(LlamaConfig(**cfg))
+    hf = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**cfg))
     with torch.no_grad():  # larger-than-default weights give peaked, varied distributions
-        for p in hf.parameters():
+        for name, p in hf.named_parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.15)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.1)
     hf.save_pretrained(root)
     tokenizer.save(str(root / "tokenizer.json"))
     return TinyModel(root, hf.eval(), eos, vocab)
@@ -78,7 +89,7 @@ def build_tiny_llama(root: Path, tokenizer, *, kv_heads: int = 2, tie: bool = Fa
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory, tiny_tokenizer) -> TinyModel:
     """GQA (4 query heads, 2 KV heads), untied embeddings."""
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), tiny_tokenizer)
+    return build_tiny(tmp_path_factory.mktemp("tiny_llama"), tiny_tokenizer)
 
 
 @torch.no_grad()
@@ -105,3 +116,9 @@ def tie_aware_equal(hf: torch.nn.Module, prompt: list[int], got: list[int], want
         return False
     assert len(got) == len(want), f"lengths differ without a divergence: {len(got)} vs {len(want)}"
     return True
+
+
+@pytest.fixture(scope="session", params=["qwen2", "qwen3", "phi"])
+def tiny_other_arch(request, tmp_path_factory, tiny_tokenizer) -> TinyModel:
+    """The non-Llama families, one at a time."""
+    return build_tiny(tmp_path_factory.mktemp(request.param), tiny_tokenizer, request.param, seed=3)

@@ -236,3 +236,25 @@ def test_abort_of_waiting_and_running_requests(tiny_llama):
         assert llm.result(running).finish_reason == "abort"
         stats = settled_stats(llm)
         assert stats["kv_pages_free"] == stats["kv_pages_total"]
+
+
+def test_other_architectures_greedy_and_pipelined_equal_blocking(tiny_other_arch):
+    tm = tiny_other_arch
+    rng = random.Random(4)
+    prompts = [[rng.randrange(tm.vocab_size) for _ in range(n)] for n in (2, 9, 17)]
+    outs = {}
+    for mode in ("blocking", "pipelined"):
+        with make_llm(tm, mode) as llm:
+            outs[mode] = llm.generate(prompts, SamplingParams(max_tokens=12))
+    for i, p in enumerate(prompts):
+        want = hf_greedy(tm.hf, p, 12, tm.eos_id)
+        assert tie_aware_equal(tm.hf, p, outs["blocking"][i].token_ids, want)
+        assert tie_aware_equal(tm.hf, p, outs["pipelined"][i].token_ids, outs["blocking"][i].token_ids)
+    reqs = random_workload(7, tm.vocab_size, tm.eos_id, n=10)
+    results = {}
+    for mode in ("blocking", "pipelined"):
+        with make_llm(tm, mode, max_num_seqs=3) as llm:
+            results[mode] = run_workload(llm, reqs)
+    full = sum(tie_aware_equal(tm.hf, r.prompt, results["pipelined"][i][0], results["blocking"][i][0],
+                               r.params.temperature, r.params.seed) for i, r in enumerate(reqs))
+    assert full >= len(reqs) - 1

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import build_tiny_llama
+from conftest import build_tiny
 from slipstream import LLM
 from slipstream.models.loader import build_model, embedded_default_path, load_checkpoint
 
@@ -97,7 +97,7 @@ def test_dtype_as_string_or_torch_dtype(tiny_llama):
 
 
 def test_generation_config_adds_eos_ids(tmp_path, tiny_tokenizer):
-    build_tiny_llama(tmp_path, tiny_tokenizer)
+    build_tiny(tmp_path, tiny_tokenizer)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
     assert load_checkpoint(tmp_path).config.eos_token_ids == [2, 0]
 

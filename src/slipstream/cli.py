@@ -16,13 +16,18 @@ def main(argv: list[str] | None = None) -> int:
 
     g = sub.add_parser("generate", help="stream a completion of PROMPT (default model: embedded SmolLM2-135M)")
     g.add_argument("prompt")
-    g.add_argument("--model", default=None, help="HF model directory or .gguf file (default: the embedded model)")
+    g.add_argument("--model", default=None, help="HF model directory, .gguf file or random:PRESET (default: the embedded model)")
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--mode", default="pipelined", choices=["pipelined", "blocking"])
     g.add_argument("--device", default=None)
     g.add_argument("--dtype", default="auto")
+
+    r = sub.add_parser("make-random", help="write a random-weight checkpoint (config, safetensors, BPE tokenizer)")
+    r.add_argument("--preset", required=True, help="tiny-llama, tiny-qwen3, tiny-phi, phi-1.5, qwen2.5-0.5b")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--seed", type=int, default=0)
 
     b = sub.add_parser("bench", help="decode throughput, pipelined vs blocking")
     b.add_argument("--model", default=None)
@@ -38,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "make-random":
+            from .models.random_checkpoint import write_checkpoint
+
+            print(write_checkpoint(args.preset, args.out, args.seed))
+            return 0
         from .bench import run
 
         run(args.model, args.streams, args.mode, args.prompt_tokens, args.max_tokens, args.device, args.dtype,

@@ -11,7 +11,8 @@ import torch
 
 from .device import DeviceLayer
 from .kv_cache import SCRATCH_PAGE, KVCache
-from .models.llama import AttentionInputs, LlamaForCausalLM
+from .kernels.attention import AttentionInputs
+from .models.llama import CausalLM
 from .pipeline import Step
 from .sampling import sample
 from .slot import DecodeSlot
@@ -28,7 +29,7 @@ def decode_bucket(n: int, max_rows: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv: KVCache, layer: DeviceLayer, max_num_seqs: int,
+    def __init__(self, model: CausalLM, kv: KVCache, layer: DeviceLayer, max_num_seqs: int,
                  max_step_tokens: int, max_pages_per_seq: int) -> None:
         self.model = model
         self.kv = kv

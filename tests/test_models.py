@@ -1,13 +1,14 @@
-"""The Llama model over the paged cache computes what transformers computes: prefill logits of
-packed prompts and the logits of every decode step, for MHA and GQA, tied and untied embeddings."""
+"""Each model family over the paged cache computes what transformers computes: prefill logits of
+packed prompts and the logits of every decode step (Llama MHA/GQA/MQA, tied and untied, llama3
+rope; Qwen2 with q/k/v bias; Qwen3 with q/k norm; Phi with partial rotary and parallel blocks)."""
 import random
 
 import pytest
 import torch
 
-from conftest import build_tiny_llama, hf_logits
+from conftest import build_tiny, hf_logits
 from slipstream.kv_cache import KVCache
-from slipstream.models.llama import AttentionInputs
+from slipstream.kernels.attention import AttentionInputs
 from slipstream.models.loader import build_model, load_checkpoint
 
 PAGE = 4
@@ -17,14 +18,18 @@ def _slots(pages: list[int], positions: range) -> list[int]:
     return [pages[p // PAGE] * PAGE + p % PAGE for p in positions]
 
 
-@pytest.mark.parametrize("kv_heads,tie,rope", [
-    (4, False, None), (2, False, None), (4, True, None), (1, True, None),
-    (2, False, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64, "rope_theta": 10000.0}),
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize("arch,kv_heads,tie,extra", [
+    ("llama", 4, False, {}), ("llama", 2, False, {}), ("llama", 4, True, {}), ("llama", 1, True, {}),
+    ("llama", 2, False, {"rope_parameters": LLAMA3_ROPE}), ("llama", 2, False, {"attention_bias": True}),
+    ("qwen2", 2, False, {}), ("qwen2", 2, True, {}), ("qwen3", 2, False, {}), ("qwen3", 1, True, {}),
+    ("phi", 4, False, {}), ("phi", 2, False, {}),
 ])
-def test_prefill_and_decode_logits_match_transformers(tmp_path, tiny_tokenizer, kv_heads, tie, rope):
-    extra = {"rope_parameters": rope} if rope else {}
-    tm = build_tiny_llama(tmp_path, tiny_tokenizer, kv_heads=kv_heads, tie=tie, seed=kv_heads, **extra)
+def test_prefill_and_decode_logits_match_transformers(tmp_path, tiny_tokenizer, arch, kv_heads, tie, extra):
+    tm = build_tiny(tmp_path, tiny_tokenizer, arch, kv_heads=kv_heads, tie=tie, seed=kv_heads, **extra)
     ckpt = load_checkpoint(tmp_path)
     model = build_model(ckpt, torch.float32, torch.device("cpu"), max_len=128)
     cfg = ckpt.config

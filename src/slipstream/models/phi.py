@@ -1,0 +1,72 @@
+"""Phi-1.5 (PhiForCausalLM), Moondream 2's text decoder: LayerNorm, attention and MLP in parallel
+off one normalized input, partial rotary, biases everywhere, an untied LM head with a bias."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels.attention import AttentionInputs, paged_attention
+from .config import ModelConfig
+from .layers import Rotary
+from .llama import CausalLM
+
+
+class PhiAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kvh * self.d)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kvh * self.d)
+        self.dense = nn.Linear(self.h * self.d, cfg.hidden_size)
+        self.scale = self.d ** -0.5
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attn: AttentionInputs,
+                pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        t = x.shape[0]
+        q = rotary(self.q_proj(x).view(t, self.h, self.d), positions)
+        k = rotary(self.k_proj(x).view(t, self.kvh, self.d), positions)
+        v = self.v_proj(x).view(t, self.kvh, self.d)
+        return self.dense(paged_attention(q, k, v, attn, pages, self.scale).reshape(t, self.h * self.d))
+
+
+class PhiMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.approximate = "none" if cfg.hidden_act == "gelu" else "tanh"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
+
+
+class PhiDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = PhiAttention(cfg)
+        self.mlp = PhiMLP(cfg)
+        self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attn: AttentionInputs,
+                pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        return x + self.self_attn(h, positions, rotary, attn, pages) + self.mlp(h)
+
+
+class PhiBackbone(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(PhiDecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.final_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+
+
+class PhiForCausalLM(CausalLM):
+    final_norm = "final_layernorm"
+
+    def __init__(self, cfg: ModelConfig, max_len: int) -> None:
+        super().__init__(cfg, max_len)
+        self.model = PhiBackbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size)

@@ -1,0 +1,163 @@
+"""Random-weight checkpoints in the real on-disk layout (config.json + model.safetensors +
+tokenizer.json + tokenizer_config.json), for tests and benchmarks without downloads.
+
+The tokenizer is a byte-level BPE whose vocabulary is exactly the model's: three ChatML special
+tokens, the 256 byte symbols, merges that spell common English words, then seeded random merges
+of ASCII pieces until the vocabulary is full. Every id decodes to text, so stop strings, streaming
+and grammars mean something on a random model."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                   "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                   "{% endif %}")
+WORDS = ("the of and to in is was for that on as with by he at from his it an were are which this be or has had not "
+         "first one their its new after who they have her she two been other when there all during into school time "
+         "may years more most only over city some world would where later up such used many can state about national "
+         "out known university united then made pipeline token stream graph kernel batch memory decode commit slot "
+         "zombie page point detect model json true false null name value yes no red green blue").split()
+PIECE_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?'\"()[]{}-_/Ġ"
+
+
+@dataclass(frozen=True)
+class Preset:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    init_std: float = 0.02
+    dtype: str = "bfloat16"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny-llama": Preset("LlamaForCausalLM", 512, 64, 128, 2, 4, 2, init_std=0.15, dtype="float32"),
+    "tiny-qwen3": Preset("Qwen3ForCausalLM", 512, 64, 128, 2, 4, 2, init_std=0.15, dtype="float32",
+                         extra={"head_dim": 32}),
+    "tiny-phi": Preset("PhiForCausalLM", 512, 64, 256, 2, 4, 4, init_std=0.15, dtype="float32",
+                       extra={"partial_rotary_factor": 0.5}),
+    "phi-1.5": Preset("PhiForCausalLM", 51200, 2048, 8192, 24, 32, 32, extra={"partial_rotary_factor": 0.5}),
+    "qwen2.5-0.5b": Preset("Qwen2ForCausalLM", 151936, 896, 4864, 24, 14, 2,
+                           extra={"rope_theta": 1000000.0, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}),
+}
+
+
+def build_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
+    byte_symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + byte_symbols)}
+    if vocab_size < len(vocab):
+        raise ValueError(f"a byte-level vocabulary needs at least {len(vocab)} tokens, got {vocab_size}")
+    merges: list[tuple[str, str]] = []
+
+    def merge(a: str, b: str) -> None:
+        if a + b not in vocab and len(vocab) < vocab_size:
+            vocab[a + b] = len(vocab)
+            merges.append((a, b))
+
+    for word in WORDS:  # spell each word (and its space-prefixed form) left to right
+        for spelled in (word, "Ġ" + word):
+            for i in range(1, len(spelled)):
+                merge(spelled[:i], spelled[i])
+    rng = random.Random(seed)
+    pieces = [t for t in vocab if t not in SPECIAL_TOKENS and all(c in PIECE_CHARS for c in t)]
+    while len(vocab) < vocab_size:
+        a, b = rng.choice(pieces), rng.choice(pieces[:200])
+        if len(a) + len(b) <= 12 and "Ġ" not in b and a + b not in vocab:
+            merge(a, b)
+            pieces.append(a + b)
+    tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return tok
+
+
+def hf_config(p: Preset) -> dict[str, Any]:
+    eos = SPECIAL_TOKENS.index("<|im_end|>")
+    cfg = {"architectures": [p.architecture], "vocab_size": p.vocab_size, "hidden_size": p.hidden_size,
+           "intermediate_size": p.intermediate_size, "num_hidden_layers": p.num_layers,
+           "num_attention_heads": p.num_heads, "num_key_value_heads": p.num_kv_heads,
+           "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": eos, "tie_word_embeddings": False,
+           "torch_dtype": p.dtype}
+    if p.architecture == "PhiForCausalLM":
+        cfg.update(model_type="phi", hidden_act="gelu_new", layer_norm_eps=1e-5, max_position_embeddings=2048)
+    else:
+        cfg.update(model_type={"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                               "Qwen3ForCausalLM": "qwen3"}[p.architecture], hidden_act="silu", rms_norm_eps=1e-5)
+    cfg.update(p.extra)
+    return cfg
+
+
+def random_weights(cfg_dict: dict[str, Any], std: float, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+    """Weights for every tensor the model declares: normal(0, std) matrices, unit norms, small biases."""
+    from . import MODEL_CLASSES
+    from .config import ModelConfig
+
+    cfg = ModelConfig.from_hf(cfg_dict, "preset")
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in MODEL_CLASSES[cfg.architecture](cfg, max_len=1).state_dict().items()}
+    if cfg.tie_word_embeddings:
+        shapes.pop("lm_head.weight")
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in shapes.items():
+        if len(shape) == 2:
+            t = torch.randn(shape, generator=gen) * std
+        elif name.endswith("bias"):
+            t = torch.randn(shape, generator=gen) * (std / 2)
+        else:
+            t = torch.ones(shape)
+        out[name] = t.to(dtype)
+    return out
+
+
+def write_checkpoint(preset: str, out: Path, seed: int = 0) -> Path:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = hf_config(p)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": cfg["eos_token_id"]}))
+    build_tokenizer(p.vocab_size, seed).save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": "<|endoftext|>"}, indent=1))
+    save_file(random_weights(cfg, p.init_std, getattr(torch, p.dtype), seed), str(out / "model.safetensors"))
+    return out
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SLIPSTREAM_CACHE", Path.home() / ".cache" / "slipstream"))
+
+
+def cached_checkpoint(preset: str) -> Path:
+    """The checkpoint for `random:PRESET`, built into the cache folder the first time it is asked for."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset 'random:{preset}'; choose one of {', '.join(PRESETS)}")
+    final = cache_dir() / "random" / preset
+    if not (final / "model.safetensors").exists():
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{preset}-"))
+        try:
+            write_checkpoint(preset, tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
