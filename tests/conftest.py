@@ -4,6 +4,7 @@ reference models, and the tie-aware comparison of DESIGN.md §4."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,14 @@ def tie_aware_equal(hf: torch.nn.Module, prompt: list[int], got: list[int], want
 def tiny_other_arch(request, tmp_path_factory, tiny_tokenizer) -> TinyModel:
     """The non-Llama families, one at a time."""
     return build_tiny(tmp_path_factory.mktemp(request.param), tiny_tokenizer, request.param, seed=3)
+
+
+def settled_stats(llm, timeout: float = 10.0) -> dict[str, int]:
+    """Stats once the loop has released everything: a finished request's result is delivered at
+    its finalizing commit, while a zombie's pages come back at the commit after it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = llm.stats()
+        if (stats["running"] == stats["waiting"] == 0) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.01)

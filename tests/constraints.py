@@ -38,3 +38,19 @@ class ForceAt:
             allow_only(words, self.token)
         else:
             words[:] = -1
+
+
+class ForceSequence:
+    """Forces the given tokens one after another, then allows everything."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens, self.count = tokens, 0
+
+    def advance(self, token_id: int) -> None:
+        self.count += 1
+
+    def fill_mask(self, words: np.ndarray) -> None:
+        if self.count < len(self.tokens):
+            allow_only(words, self.tokens[self.count])
+        else:
+            words[:] = -1

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from conftest import tie_aware_equal
+from conftest import settled_stats, tie_aware_equal
 from constraints import ForceAt, Successor
 from slipstream import LLM, SamplingParams
 from slipstream.device import HostLanding
@@ -22,17 +22,6 @@ def make_llm(model, mode="pipelined", **kw) -> LLM:
     opts = dict(device="cpu", mode=mode, max_num_seqs=4, num_pages=96, page_size=4)
     opts.update(kw)
     return LLM(str(model.path), **opts)
-
-
-def settled_stats(llm: LLM, timeout: float = 10.0) -> dict[str, int]:
-    """Stats once the loop has released everything: a finished request's result is delivered at
-    its finalizing commit, while a zombie's pages come back at the commit after it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = llm.stats()
-        if (stats["running"] == stats["waiting"] == 0) or time.monotonic() > deadline:
-            return stats
-        time.sleep(0.01)
 
 
 def hf_greedy(hf, prompt: list[int], max_tokens: int, eos: int) -> list[int]:

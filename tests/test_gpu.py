@@ -3,9 +3,9 @@ buffers) gives the transformers answer, pipelined and blocking alike."""
 import pytest
 import torch
 
-from conftest import tie_aware_equal
+from conftest import settled_stats, tie_aware_equal
 from slipstream import LLM, SamplingParams
-from test_engine import hf_greedy, random_workload, run_workload, settled_stats
+from test_engine import hf_greedy, random_workload, run_workload
 
 pytestmark = pytest.mark.gpu
 

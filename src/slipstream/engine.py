@@ -6,10 +6,11 @@ pending request fails with the loop's error and later calls raise it: nothing ha
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence as Seq
+from typing import Any, Callable, Iterator, Sequence as Seq
 
 import torch
 
@@ -20,7 +21,8 @@ from .models.loader import build_model, load_checkpoint
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler, Sequence
-from .tokenizer import IncrementalDetokenizer
+from .text import TextStream
+from .tokenizer import render_chat_template
 
 DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -36,16 +38,18 @@ class RequestOutput:
     request_id: int
     prompt_token_ids: list[int]
     token_ids: list[int]  # generated tokens, including the EOS / stop token that ended the request
-    text: str  # generated text without the EOS token
+    text: str  # generated text, without the EOS token or the stop string
     finish_reason: str  # "stop" | "length" | "abort"
     metrics: RequestMetrics
+    logprobs: list[dict[int, float]] | None = None  # per token: {id: logprob} for the top n and the sampled one
 
 
 class _Pending:
-    def __init__(self) -> None:
+    def __init__(self, deltas: queue.SimpleQueue | None = None) -> None:
         self.done = threading.Event()
         self.output: RequestOutput | None = None
         self.error: BaseException | None = None
+        self.deltas = deltas  # for stream(): text deltas, then None when the request has ended
 
 
 class EngineCore:
@@ -98,7 +102,7 @@ class EngineCore:
             request_id=next(self._ids), prompt_ids=ids, params=params, max_tokens=min(params.max_tokens, room),
             seed=params.resolved_seed(),
             eos_ids=frozenset(self.model_config.eos_token_ids) | frozenset(params.stop_token_ids),
-            detok=IncrementalDetokenizer(self.tokenizer),
+            text=TextStream(self.tokenizer, params.stop),
             constraint=params.constraint() if params.constraint else None,
             on_token=(lambda s, delta: on_token(s.request_id, len(s.output_ids), delta)) if on_token else None,
         )
@@ -123,13 +127,16 @@ class EngineCore:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         return ids
 
+    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of a conversation rendered with the model's chat template, ready for the reply."""
+        return self.tokenizer.encode(render_chat_template(self.tokenizer, messages), add_special_tokens=False)
+
     def output(self, seq: Sequence) -> RequestOutput:
-        toks = seq.output_ids
-        end = len(toks) - 1 if seq.finish_reason == "stop" and toks else len(toks)
         first = seq.first_token_time
         return RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=seq.prompt_ids, token_ids=list(toks),
-            text=self.tokenizer.decode(toks[:end]), finish_reason=seq.finish_reason,
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_ids, token_ids=list(seq.output_ids),
+            text=seq.text.text, finish_reason=seq.finish_reason,
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
             metrics=RequestMetrics(ttft=None if first is None else first - seq.arrival,
                                    decode_seconds=0.0 if first is None else seq.finish_time - first))
 
@@ -166,14 +173,39 @@ class LLM:
         the loop. `on_token(request_id, num_tokens, text_delta)` is called on the loop thread after
         each committed token (the delta is "" while a character is still incomplete); if it raises,
         the request is aborted and its result raises that error."""
-        seq = self.core.make_sequence(prompt, params, on_token)
-        pending = _Pending()
+        return self._submit(self.core.make_sequence(prompt, params, on_token), _Pending())
+
+    def _submit(self, seq: Sequence, pending: _Pending) -> int:
         with self._cv:
             self._raise_if_dead()
             self._pending[seq.request_id] = pending
             self._inbox.append(("add", seq))
             self._cv.notify()
         return seq.request_id
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield the completion's text as it is committed: never half a UTF-8 character, and text that
+        could still become a stop string is held back until decided. Concatenated, the pieces are
+        the final text. Closing the generator early aborts the request."""
+        deltas: queue.SimpleQueue = queue.SimpleQueue()
+        seq = self.core.make_sequence(prompt, params, lambda _rid, _n, delta: delta and deltas.put(delta))
+        rid = self._submit(seq, _Pending(deltas))
+        finished = False
+        try:
+            while (delta := deltas.get()) is not None:
+                yield delta
+            finished = True
+            self.result(rid)
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, rendered with the model's chat
+        template (tokenizer_config.json or GGUF metadata)."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        return self.generate([self.core.render_chat(c) for c in conversations], params)
 
     def abort(self, request_id: int) -> None:
         """Abort a request; its result (finish_reason 'abort') is still delivered."""
@@ -241,6 +273,8 @@ class LLM:
         if pending is not None:
             pending.output, pending.error = out, seq.error
             pending.done.set()
+            if pending.deltas is not None:
+                pending.deltas.put(None)
 
     def _loop(self) -> None:
         try:
@@ -267,6 +301,8 @@ class LLM:
                     if not pending.done.is_set():
                         pending.error = e
                         pending.done.set()
+                        if pending.deltas is not None:
+                            pending.deltas.put(None)
 
     def _raise_if_dead(self) -> None:
         if self._error is not None:

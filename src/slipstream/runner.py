@@ -6,6 +6,8 @@ Decode steps read their input ids from the last-token table on the device (index
 sequence's row), so a token never has to reach the host before the next forward can use it."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -14,10 +16,26 @@ from .kv_cache import SCRATCH_PAGE, KVCache
 from .kernels.attention import AttentionInputs
 from .models.llama import CausalLM
 from .pipeline import Step
-from .sampling import sample
+from .sampling import SamplerInputs, sample, top_logprobs
 from .slot import DecodeSlot
 
 ALL_ALLOWED = np.int32(-1)
+_PER_ROW_PARAMS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                   "frequency_penalty")
+_NEUTRAL = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0}
+_SAMPLER_FIELDS = ("temperature", "seeds", "token_index", "top_k", "top_p", "min_p", "repetition_penalty",
+                   "presence_penalty", "frequency_penalty")
+
+
+@dataclass
+class _StepFlags:
+    """Host-known facts about a step's rows that let sampling skip work nobody asked for."""
+
+    any_random: bool
+    any_filter: bool
+    any_penalty: bool
+    logprobs: int | None  # the largest top-n asked for, None when no row wants logprobs
 
 
 def decode_bucket(n: int, max_rows: int) -> int:
@@ -41,6 +59,10 @@ class ModelRunner:
         self.slots = [DecodeSlot(i, layer, max(max_step_tokens, max_num_seqs), max_num_seqs, max_pages_per_seq,
                                  self.vocab_size) for i in range(2)]
         self.last_tokens = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=layer.device)
+        # penalty state per row, kept on the device and advanced by sampling itself (see apply_penalties)
+        self.counts = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.int32, device=layer.device)
+        self.prompt_mask = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.bool, device=layer.device)
+        self.ones = torch.ones(max_num_seqs, dtype=torch.int32, device=layer.device)
 
     def launch_forward(self, step: Step) -> None:
         """Stage metadata for `step` (sequences as planned, before their counters advance) and queue
@@ -80,14 +102,19 @@ class ModelRunner:
             h["rows"][pad] = self.scratch_row
         live = slice(0, len(seqs))
         h["rows"][live] = [s.row for s in seqs]
-        h["seeds"][:rows] = 0
-        h["token_index"][:rows] = 0
-        h["temperature"][:rows] = 0.0
         h["seeds"][live] = [s.seed for s in seqs]
         h["token_index"][live] = [s.sampled_launched for s in seqs]
-        h["temperature"][live] = [s.params.temperature for s in seqs]
+        params = [s.params for s in seqs]
+        for name in _PER_ROW_PARAMS:
+            h[name][len(seqs):rows] = _NEUTRAL[name]  # padded rows: greedy, unpenalized
+            h[name][live] = [getattr(p, name) for p in params]
+        slot.flags = _StepFlags(any(p.temperature > 0 for p in params), any(p.filtered for p in params),
+                                any(p.penalized for p in params),
+                                max((p.logprobs for p in params if p.logprobs is not None), default=None))
         self.layer.upload(slot.meta_dev, slot.meta_host)
         d = slot.dev
+        if step.kind == "prefill" and slot.flags.any_penalty:
+            self._reset_penalty_rows(seqs, d["ids"])
         if step.kind == "prefill":
             attn = AttentionInputs(True, d["slot_mapping"][:t], seq_lens=[len(s.prompt_ids) for s in seqs])
             slot.logits = self.model(d["ids"][:t], d["positions"][:t], attn, self.kv, d["logits_index"][:rows])
@@ -97,33 +124,58 @@ class ModelRunner:
             ids = self.last_tokens[d["rows"][:rows]]
             slot.logits = self.model(ids, d["positions"][:rows], attn, self.kv, None)
 
+    def _reset_penalty_rows(self, seqs: list, ids: torch.Tensor) -> None:
+        start = 0
+        for s in seqs:
+            n = len(s.prompt_ids)
+            if s.params.penalized:
+                self.counts[s.row].zero_()
+                self.prompt_mask[s.row].zero_()
+                self.prompt_mask[s.row, ids[start:start + n]] = True
+            start += n
+
     def mask_rows(self, step: Step) -> np.ndarray:
         """The slot's pinned bitmask rows for `step`, to be filled at finalize."""
         return self.slots[step.slot].mask_host_np[: step.num_rows]
 
-    def launch_sampling(self, step: Step, masked: bool, any_random: bool) -> None:
-        """Queue sampling, the last-token scatter and the host copy of the sampled tokens."""
+    def launch_sampling(self, step: Step, masked: bool) -> None:
+        """Queue sampling, the last-token scatter, the penalty counts, and the host copies of the
+        sampled tokens (and their logprobs where asked for)."""
         slot = self.slots[step.slot]
-        rows = step.num_rows
-        d = slot.dev
+        rows, d, flags = step.num_rows, slot.dev, slot.flags
         mask = None
         if masked:
             self.layer.upload(slot.mask_dev[:rows], slot.mask_host[:rows])
             mask = slot.mask_dev[:rows]
-        tokens = sample(slot.logits, d["temperature"][:rows], d["seeds"][:rows], d["token_index"][:rows], mask,
-                        any_random)
-        self.last_tokens.index_copy_(0, d["rows"][:rows], tokens)
+        row_ids = d["rows"][:rows]
+        inputs = SamplerInputs(*(d[name][:rows] for name in _SAMPLER_FIELDS), flags.any_random, flags.any_filter,
+                               flags.any_penalty)
+        counts = self.counts[row_ids] if flags.any_penalty else None
+        prompt_mask = self.prompt_mask[row_ids] if flags.any_penalty else None
+        tokens = sample(slot.logits, inputs, mask, counts, prompt_mask)
+        self.last_tokens.index_copy_(0, row_ids, tokens)
+        if flags.any_penalty:
+            self.counts.index_put_((row_ids, tokens), self.ones[:rows], accumulate=True)
         slot.sampled[:rows].copy_(tokens)
+        if flags.logprobs is not None:
+            slot.logprobs[:rows, : 1 + 2 * flags.logprobs].copy_(top_logprobs(slot.logits, tokens, flags.logprobs))
         self.layer.record(slot.sampled_event)
         slot.landing.start(slot.sampled[:rows], slot.sampled_event)
+        if flags.logprobs is not None:
+            slot.logprobs_landing.start(slot.logprobs[:rows], slot.sampled_event)
 
-    def wait_tokens(self, step: Step) -> list[int]:
-        """Block until `step`'s sampled tokens have landed on the host; one token per live row."""
-        landed = self.slots[step.slot].landing.wait()[: len(step.seqs)].numpy()
+    def wait_tokens(self, step: Step) -> tuple[list[int], np.ndarray | None]:
+        """Block until `step`'s sampled tokens (and logprobs rows, if any row asked) have landed
+        on the host; one entry per live row."""
+        slot = self.slots[step.slot]
+        landed = slot.landing.wait()[: len(step.seqs)].numpy()
         if landed.size and (landed.min() < 0 or landed.max() >= self.vocab_size):
             raise RuntimeError(f"step {step.index}: landing buffer holds {landed.tolist()}, not token ids; "
                                f"it was read before its copy completed or after its slot was released")
-        return landed.tolist()
+        logprobs = None
+        if slot.flags.logprobs is not None:
+            logprobs = slot.logprobs_landing.wait()[: len(step.seqs), : 1 + 2 * slot.flags.logprobs].numpy()
+        return landed.tolist(), logprobs
 
     def release(self, step: Step) -> None:
         self.slots[step.slot].release()

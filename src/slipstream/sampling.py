@@ -28,30 +28,91 @@ class TokenConstraint(Protocol):
     def fill_mask(self, words: np.ndarray) -> None: ...
 
 
+MAX_LOGPROBS = 20
+
+
 @dataclass
 class SamplingParams:
-    """Per-request decoding options. temperature 0 is greedy; any other value samples with
-    Gumbel-max noise keyed by (seed, token index). `seed=None` draws a fresh seed at submit."""
+    """Per-request decoding options, as in vLLM.
+
+    temperature 0 is greedy; otherwise tokens are drawn from softmax(penalized logits / T) after
+    top-k / top-p / min-p filtering, with Gumbel-max noise keyed by (seed, token index), so a
+    seeded request samples the same tokens in any batch and either mode. `seed=None` draws a
+    fresh seed at submit. `stop` strings are matched on the detokenized text and cut from it.
+    `logprobs=n` returns, per generated token, its log-probability and the top n (0 <= n <= 20)
+    under the model's raw distribution."""
 
     max_tokens: int = 16
     temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
-    ignore_eos: bool = False
+    stop: list[str] | str = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
     constraint: Callable[[], TokenConstraint] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
-            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        def need(ok: bool, what: str, value: object) -> None:
+            if not ok:
+                raise ValueError(f"{what}, got {value!r}")
+
+        need(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be an integer >= 1",
+             self.max_tokens)
+        need(self.temperature >= 0.0 and np.isfinite(self.temperature), "temperature must be a finite number >= 0",
+             self.temperature)
+        need(isinstance(self.top_k, int) and self.top_k >= 0, "top_k must be an integer >= 0 (0 disables it)",
+             self.top_k)
+        need(0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]", self.top_p)
+        need(0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]", self.min_p)
+        need(self.repetition_penalty > 0.0 and np.isfinite(self.repetition_penalty),
+             "repetition_penalty must be a finite number > 0", self.repetition_penalty)
+        need(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]", self.presence_penalty)
+        need(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]", self.frequency_penalty)
+        need(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+             "seed must be an integer in [0, 2**63)", self.seed)
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        need(all(isinstance(x, str) and x for x in self.stop), "stop must be non-empty strings", self.stop)
+        need(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+             "stop_token_ids must be non-negative integers", self.stop_token_ids)
+        need(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+             f"logprobs must be an integer in [0, {MAX_LOGPROBS}]", self.logprobs)
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def filtered(self) -> bool:
+        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0)
 
     def resolved_seed(self) -> int:
         return self.seed if self.seed is not None else random.getrandbits(62)
+
+
+@dataclass
+class SamplerInputs:
+    """One step's per-row sampling parameters (device views into the slot) and host-known flags
+    that skip the work no row asked for."""
+
+    temperature: torch.Tensor
+    seeds: torch.Tensor
+    token_index: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    repetition_penalty: torch.Tensor
+    presence_penalty: torch.Tensor
+    frequency_penalty: torch.Tensor
+    any_random: bool
+    any_filter: bool
+    any_penalty: bool
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -80,16 +141,50 @@ def apply_bitmask(logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~allowed, float("-inf"))
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-           token_index: torch.Tensor, mask_words: torch.Tensor | None, any_random: bool) -> torch.Tensor:
-    """One token per row: argmax where temperature is 0, else argmax(logits / T + Gumbel noise).
-    `any_random` (known on the host) skips the noise when every row is greedy."""
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor,
+                    p: SamplerInputs) -> torch.Tensor:
+    """vLLM's penalties. `counts` [rows, vocab] counts each row's generated tokens and `prompt_mask`
+    marks its prompt tokens; both live on the device and are updated by sampling itself, so they
+    include the previous step's token even before that step commits on the host."""
+    seen = (counts > 0) | prompt_mask
+    rep = p.repetition_penalty.to(logits.dtype)[:, None]
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    logits = logits - p.frequency_penalty.to(logits.dtype)[:, None] * counts
+    return logits - p.presence_penalty.to(logits.dtype)[:, None] * (counts > 0)
+
+
+def apply_filters(scaled: torch.Tensor, p: SamplerInputs) -> torch.Tensor:
+    """top-k, top-p and min-p on tempered logits; the most likely token always survives."""
+    vals, idx = scaled.sort(dim=-1, descending=True)
+    probs = vals.softmax(dim=-1)
+    rank = torch.arange(vals.shape[-1], device=vals.device)[None, :]
+    remove = (p.top_k[:, None] > 0) & (rank >= p.top_k[:, None])
+    remove |= (probs.cumsum(dim=-1) - probs) > p.top_p.to(probs.dtype)[:, None]
+    remove |= probs < p.min_p.to(probs.dtype)[:, None] * probs[:, :1]
+    remove[:, 0] = False
+    return torch.empty_like(scaled).scatter_(-1, idx, vals.masked_fill(remove, float("-inf")))
+
+
+def sample(logits: torch.Tensor, p: SamplerInputs, mask_words: torch.Tensor | None,
+           counts: torch.Tensor | None = None, prompt_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row: argmax where temperature is 0, else argmax(filtered logits / T + Gumbel)."""
     logits = logits.float()
     if mask_words is not None:
         logits = apply_bitmask(logits, mask_words)
+    if p.any_penalty:
+        logits = apply_penalties(logits, counts, prompt_mask, p)
     greedy = logits.argmax(dim=-1)
-    if not any_random:
+    if not p.any_random:
         return greedy
-    t = temperature.to(torch.float32).clamp_min(1e-6)[:, None]
-    noisy = (logits / t + gumbel_noise(seeds, token_index, logits.shape[-1])).argmax(dim=-1)
-    return torch.where(temperature > 0, noisy, greedy)
+    scaled = logits / p.temperature.to(torch.float32).clamp_min(1e-6)[:, None]
+    if p.any_filter:
+        scaled = apply_filters(scaled, p)
+    noisy = (scaled + gumbel_noise(p.seeds, p.token_index, logits.shape[-1])).argmax(dim=-1)
+    return torch.where(p.temperature > 0, noisy, greedy)
+
+
+def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, n: int) -> torch.Tensor:
+    """[rows, 1 + 2n] float64: the sampled token's logprob, the top-n logprobs, the top-n ids."""
+    lp = logits.float().log_softmax(dim=-1)
+    top = lp.topk(n, dim=-1)
+    return torch.cat([lp.gather(1, tokens[:, None]).double(), top.values.double(), top.indices.double()], dim=1)

@@ -16,7 +16,8 @@ from .kv_cache import PagePool
 from .pipeline import Pipeline, Step
 from .runner import ALL_ALLOWED, ModelRunner
 from .sampling import SamplingParams, TokenConstraint
-from .tokenizer import IncrementalDetokenizer, Tokenizer
+from .text import TextStream
+from .tokenizer import Tokenizer
 
 
 @dataclass
@@ -27,7 +28,7 @@ class Sequence:
     max_tokens: int  # params.max_tokens capped by the model length
     seed: int
     eos_ids: frozenset[int]
-    detok: IncrementalDetokenizer
+    text: TextStream
     constraint: TokenConstraint | None = None
     on_token: Callable[["Sequence", str], None] | None = None  # (sequence, text delta) per committed token
     arrival: float = field(default_factory=time.perf_counter)
@@ -36,6 +37,7 @@ class Sequence:
     kv_len: int = 0  # tokens whose KV is written by steps launched so far
     sampled_launched: int = 0  # output tokens that launched steps will produce
     output_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
     finalized: bool = False
     finish_reason: str | None = None
     inflight_refs: int = 0
@@ -147,17 +149,18 @@ class Scheduler:
                 if s.constraint is not None and not s.finalized:
                     words[i] = 0
                     s.constraint.fill_mask(words[i])
-        any_random = any(s.params.temperature > 0 for s in step.seqs)
-        self.runner.launch_sampling(step, masked, any_random)
+        self.runner.launch_sampling(step, masked)
         self.pipeline.finalize(step)
 
     def _commit(self, step: Step) -> None:
-        tokens = self.runner.wait_tokens(step)
+        tokens, logprobs = self.runner.wait_tokens(step)
         now = time.perf_counter()
         self.commit_log.append((step.kind, now))
-        for seq, tok in zip(step.seqs, tokens):
+        for i, (seq, tok) in enumerate(zip(step.seqs, tokens)):
             seq.inflight_refs -= 1
             if not seq.finalized:
+                if seq.params.logprobs is not None:
+                    seq.logprobs.append(_logprob_entry(tok, logprobs[i], seq.params.logprobs))
                 self._append(seq, tok, now)
             self._release_if_done(seq)
         self.runner.release(step)
@@ -169,23 +172,34 @@ class Scheduler:
             seq.first_token_time = now
         if seq.constraint is not None:
             seq.constraint.advance(tok)
-        delta = seq.detok.push(tok)
-        if seq.on_token is not None:
-            try:
-                seq.on_token(seq, delta)
-            except Exception as e:  # a user callback must not take the engine down
-                seq.error = e
-                self._finish(seq, "abort")
-                return
-        if (tok in seq.eos_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids:
+        stop_token = (tok in seq.eos_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids
+        if not stop_token and self._emit(seq, seq.text.push(tok)):
+            return
+        if stop_token or seq.text.stopped:
             self._finish(seq, "stop")
         elif len(seq.output_ids) >= seq.max_tokens:
             self._finish(seq, "length")
+
+    def _emit(self, seq: Sequence, delta: str) -> bool:
+        """Hand a text delta to the request's callback; True if the callback failed (the request is
+        then aborted with its error: a user callback must not take the engine down)."""
+        if seq.on_token is None:
+            return False
+        try:
+            seq.on_token(seq, delta)
+        except Exception as e:
+            seq.error = e
+            self._finish(seq, "abort")
+            return True
+        return False
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finalized = True
         seq.finish_reason = reason
         seq.finish_time = time.perf_counter()
+        tail = seq.text.finish()
+        if tail and seq.error is None:
+            self._emit(seq, tail)
         self.on_finish(seq)
 
     def _release_if_done(self, seq: Sequence) -> None:
@@ -194,3 +208,12 @@ class Scheduler:
             self.free_rows.append(seq.row)
             del self.running[seq.request_id]
             seq.pages, seq.row = [], -1
+
+
+def _logprob_entry(token: int, row, n: int) -> dict[int, float]:
+    """{token id: logprob} for the top n and the sampled token, from a packed row [sampled, top-N
+    values, top-N ids] where N >= n is the step's largest request."""
+    top = (len(row) - 1) // 2
+    entry = {int(i): float(v) for v, i in zip(row[1:1 + n], row[1 + top:1 + top + n])}
+    entry[token] = float(row[0])
+    return entry

@@ -9,10 +9,14 @@ import numpy as np
 import torch
 
 from .device import DeviceLayer
+from .sampling import MAX_LOGPROBS
 
 # (name, length in units of: T = max tokens per step, B = max rows per step, BP = B * max pages per row)
 _SECTIONS = (("ids", "T"), ("positions", "T"), ("slot_mapping", "T"), ("rows", "B"), ("context_lens", "B"),
-             ("logits_index", "B"), ("seeds", "B"), ("token_index", "B"), ("temperature", "B"), ("page_table", "BP"))
+             ("logits_index", "B"), ("seeds", "B"), ("token_index", "B"), ("top_k", "B"), ("temperature", "B"),
+             ("top_p", "B"), ("min_p", "B"), ("repetition_penalty", "B"), ("presence_penalty", "B"),
+             ("frequency_penalty", "B"), ("page_table", "BP"))
+FLOAT_SECTIONS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
 def _views(buf: torch.Tensor, max_tokens: int, max_rows: int, max_pages: int) -> dict[str, torch.Tensor]:
@@ -22,7 +26,8 @@ def _views(buf: torch.Tensor, max_tokens: int, max_rows: int, max_pages: int) ->
         n = sizes[unit]
         out[name] = buf[off:off + n]
         off += n
-    out["temperature"] = out["temperature"].view(torch.float64)
+    for name in FLOAT_SECTIONS:
+        out[name] = out[name].view(torch.float64)
     out["page_table"] = out["page_table"].view(max_rows, max_pages)
     return out
 
@@ -49,9 +54,13 @@ class DecodeSlot:
         self.sampled = torch.zeros(max_rows, dtype=torch.int64, device=layer.device)
         self.sampled_event = layer.event()
         self.landing = layer.landing((max_rows,), torch.int64)
+        self.logprobs = torch.zeros((max_rows, 1 + 2 * MAX_LOGPROBS), dtype=torch.float64, device=layer.device)
+        self.logprobs_landing = layer.landing((max_rows, 1 + 2 * MAX_LOGPROBS), torch.float64)
+        self.flags = None  # the runner's per-step sampling flags, set at launch
         self.logits: torch.Tensor | None = None
 
     def release(self) -> None:
         """Called after the commit that read this slot: its landing buffer may be reused now."""
         self.logits = None
         self.landing.poison()
+        self.logprobs_landing.poison()

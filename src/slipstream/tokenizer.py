@@ -13,16 +13,19 @@ _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
 
 
 class Tokenizer:
-    def __init__(self, fast: FastTokenizer, chat_template: str | None = None) -> None:
+    def __init__(self, fast: FastTokenizer, chat_template: str | None = None, bos_token: str | None = None,
+                 eos_token: str | None = None) -> None:
         self.fast = fast
         self.chat_template = chat_template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
 
     @property
     def vocab_size(self) -> int:
         return self.fast.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        return self.fast.encode(text, add_special_tokens=True).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.fast.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.fast.decode(ids, skip_special_tokens=True)
@@ -39,11 +42,14 @@ class Tokenizer:
             fast = FastTokenizer.from_file(str(file))
         except Exception as e:
             raise ValueError(f"{file}: cannot be parsed as a tokenizers file: {e}") from None
-        template = None
+        cfg: dict[str, Any] = {}
         cfg_file = path / "tokenizer_config.json"
         if cfg_file.exists():
-            template = json.loads(cfg_file.read_text()).get("chat_template")
-        return cls(fast, template)
+            try:
+                cfg = json.loads(cfg_file.read_text())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{cfg_file}: malformed JSON ({e})") from None
+        return cls(fast, cfg.get("chat_template"), _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token")))
 
     @classmethod
     def from_gguf(cls, meta: dict[str, Any], source: str) -> "Tokenizer":
@@ -64,7 +70,16 @@ class Tokenizer:
         fast.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                                  for i, t in enumerate(types) if t == _GGUF_CONTROL])
         fast.add_tokens([AddedToken(tokens[i], normalized=False) for i, t in enumerate(types) if t == _GGUF_USER_DEFINED])
-        return cls(fast, meta.get("tokenizer.chat_template"))
+        def token(key: str) -> str | None:
+            return tokens[meta[key]] if key in meta else None
+
+        return cls(fast, meta.get("tokenizer.chat_template"), token("tokenizer.ggml.bos_token_id"),
+                   token("tokenizer.ggml.eos_token_id"))
+
+
+def _token_text(v: Any) -> str | None:
+    """tokenizer_config.json gives special tokens as strings or as {"content": ...} dicts."""
+    return v.get("content") if isinstance(v, dict) else v
 
 
 class IncrementalDetokenizer:
@@ -86,3 +101,34 @@ class IncrementalDetokenizer:
         self.prefix, self.read = self.read, len(self.ids)
         return after[len(before):]
 
+    def flush(self) -> str:
+        """Whatever is still held back (an unfinished UTF-8 sequence), decoded as it is."""
+        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix:])
+        self.prefix = self.read = len(self.ids)
+        return after[len(before):]
+
+
+
+def render_chat_template(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> str:
+    """Render a conversation with the tokenizer's Jinja chat template, as transformers does
+    (sandboxed, trim_blocks/lstrip_blocks, add_generation_prompt=True)."""
+    if not tokenizer.chat_template:
+        raise ValueError("this model has no chat template (tokenizer_config.json or GGUF metadata); "
+                         "use generate() with a plain prompt")
+    if not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+        raise ValueError("chat messages must be dicts with 'role' and 'content'")
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(tokenizer.chat_template).render(
+            messages=messages, add_generation_prompt=True, bos_token=tokenizer.bos_token or "",
+            eos_token=tokenizer.eos_token or "")
+    except TemplateError as e:
+        raise ValueError(f"the chat template rejected the conversation: {e}") from None
