@@ -247,3 +247,25 @@ def test_other_architectures_greedy_and_pipelined_equal_blocking(tiny_other_arch
     full = sum(tie_aware_equal(tm.hf, r.prompt, results["pipelined"][i][0], results["blocking"][i][0],
                                r.params.temperature, r.params.seed) for i, r in enumerate(reqs))
     assert full >= len(reqs) - 1
+
+
+def test_bad_input_never_reaches_the_loop(tiny_llama):
+    with make_llm(tiny_llama, max_model_len=64) as llm:
+        running = llm.submit([1, 2, 3], SamplingParams(max_tokens=30))
+        bad = [("", ValueError, "prompt is empty"), ([], ValueError, "prompt is empty"),
+               ([1, tiny_llama.vocab_size], ValueError, "outside the vocabulary"), ([-1], ValueError, "outside"),
+               ([1] * 64, ValueError, "max_model_len is 64"), (3.5, TypeError, "string or a list of token ids"),
+               ([1, "a"], TypeError, "string or a list of token ids")]
+        for prompt, kind, match in bad:
+            with pytest.raises(kind, match=match):
+                llm.submit(prompt)
+        with pytest.raises(ValueError, match="2 SamplingParams for 1 prompts"):
+            llm.generate([[1]], [SamplingParams(), SamplingParams()])
+        out = llm.result(running)
+        assert out.finish_reason in ("stop", "length") and len(out.token_ids) <= 30
+        long = llm.generate([[1] * 60], SamplingParams(max_tokens=50))[0]  # capped by the model length
+        assert long.finish_reason in ("stop", "length") and len(long.token_ids) <= 4
+        stats = settled_stats(llm)
+        assert stats["kv_pages_free"] == stats["kv_pages_total"]
+    with make_llm(tiny_llama, num_pages=4) as small, pytest.raises(ValueError, match="needs 16 KV pages"):
+        small.submit([1], SamplingParams(max_tokens=60))

@@ -1,9 +1,11 @@
-"""Decode throughput benchmark: output tok/s and ms/step at several stream counts, pipelined vs
-blocking, with the real bookkeeping (detokenization, hand-off of every text delta to a consumer
-thread, as a server would).
+"""Throughput benchmarks, pipelined vs blocking, with the real bookkeeping (detokenization and
+hand-off of every text delta to a consumer thread, as a server would).
 
-Definitions (DESIGN.md §5): output tokens/s = all output tokens / wall time from the first submit
-to the last result; ms/step = median (and p99) interval between consecutive decode-step commits."""
+- decode: `streams` requests of `prompt_tokens` random tokens, `max_tokens` outputs each, EOS
+  ignored. Output tokens/s = all output tokens / wall time from the first submit to the last
+  result; ms/step = median (and p99) interval between consecutive decode-step commits (DESIGN §5).
+- short: `streams` closed-loop clients, each sending requests of 1-4 output tokens one after the
+  other, so prefill and admission dominate (the point-and-detect case); reports requests/s."""
 from __future__ import annotations
 
 import json
@@ -23,6 +25,7 @@ from .sampling import SamplingParams
 
 @dataclass
 class BenchResult:
+    workload: str  # "decode" | "short"
     mode: str
     streams: int
     prompt_tokens: int
@@ -33,6 +36,8 @@ class BenchResult:
     ms_per_step: float
     ms_per_step_p99: float
     decode_steps: int
+    requests: int
+    requests_s: float
 
 
 class Consumer:
@@ -74,24 +79,59 @@ def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: 
     outs = [llm.result(i) for i in ids]
     wall = time.perf_counter() - t0
     consumer.close()
-    steps = decode_step_ms(list(log))
+    return _result(llm, "decode", streams, prompt_tokens, max_tokens, outs, wall)
+
+
+def run_short_case(llm: LLM, streams: int, prompt_tokens: int, requests_per_stream: int = 16,
+                   seed: int = 0) -> BenchResult:
+    vocab = llm.core.model_config.vocab_size
+    log = llm.core.scheduler.commit_log
+    log.clear()
+    consumer = Consumer()
+    outs: list = []
+
+    def client(i: int) -> None:
+        rng = random.Random(seed * 1000 + i)
+        for _ in range(requests_per_stream):
+            prompt = [rng.randrange(vocab) for _ in range(prompt_tokens)]
+            params = SamplingParams(max_tokens=rng.randint(1, 4), ignore_eos=True)
+            outs.append(llm.result(llm.submit(prompt, params, on_token=consumer.push)))
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(streams)]
+    t0 = time.perf_counter()
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    wall = time.perf_counter() - t0
+    consumer.close()
+    return _result(llm, "short", streams, prompt_tokens, 4, outs, wall)
+
+
+def _result(llm: LLM, workload: str, streams: int, prompt_tokens: int, max_tokens: int, outs: list,
+            wall: float) -> BenchResult:
+    steps = decode_step_ms(list(llm.core.scheduler.commit_log))
     tokens = sum(len(o.token_ids) for o in outs)
-    return BenchResult(llm.core.config.mode, streams, prompt_tokens, max_tokens, tokens, wall, tokens / wall,
+    return BenchResult(workload, llm.core.config.mode, streams, prompt_tokens, max_tokens, tokens, wall, tokens / wall,
                        float(np.median(steps)) if steps else float("nan"),
-                       float(np.percentile(steps, 99)) if steps else float("nan"), len(steps))
+                       float(np.percentile(steps, 99)) if steps else float("nan"), len(steps), len(outs),
+                       len(outs) / wall)
 
 
 def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: int, max_tokens: int,
-        device: str | None, dtype: str, out: Path | None) -> list[BenchResult]:
+        device: str | None, dtype: str, out: Path | None, short: bool = False) -> list[BenchResult]:
     results = []
     bar = tqdm(total=len(streams) * len(modes), desc="bench", unit="case")
     for mode in modes:
         llm = LLM(model, device=device, dtype=dtype, mode=mode, max_num_seqs=max(streams))
         try:
-            run_case(llm, min(streams), prompt_tokens, min(max_tokens, 8), seed=99)  # warm-up
+            run_case(llm, max(streams), prompt_tokens, 8, seed=99)  # warm-up
             for n in streams:
                 bar.set_postfix_str(f"{mode} x{n}")
-                results.append(run_case(llm, n, prompt_tokens, max_tokens))
+                if short:
+                    results.append(run_short_case(llm, n, prompt_tokens))
+                else:
+                    results.append(run_case(llm, n, prompt_tokens, max_tokens))
                 bar.update()
         finally:
             llm.shutdown()
@@ -105,11 +145,12 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
 
 
 def format_table(results: list[BenchResult]) -> str:
-    by = {(r.streams, r.mode): r for r in results}
-    lines = [f"{'streams':>7} {'mode':>9} {'tok/s':>9} {'ms/step':>8} {'p99':>7} {'pipelined/blocking':>19}"]
-    for r in sorted(results, key=lambda r: (r.streams, r.mode != "blocking")):
-        other = by.get((r.streams, "blocking"))
+    by = {(r.workload, r.streams, r.mode): r for r in results}
+    lines = [f"{'workload':>8} {'streams':>7} {'mode':>9} {'tok/s':>9} {'req/s':>8} {'ms/step':>8} {'p99':>7} "
+             f"{'pipelined/blocking':>19}"]
+    for r in sorted(results, key=lambda r: (r.workload, r.streams, r.mode != "blocking")):
+        other = by.get((r.workload, r.streams, "blocking"))
         ratio = f"{r.tok_s / other.tok_s:.3f}" if r.mode == "pipelined" and other else ""
-        lines.append(f"{r.streams:>7} {r.mode:>9} {r.tok_s:>9.1f} {r.ms_per_step:>8.2f} {r.ms_per_step_p99:>7.2f} "
-                     f"{ratio:>19}")
+        lines.append(f"{r.workload:>8} {r.streams:>7} {r.mode:>9} {r.tok_s:>9.1f} {r.requests_s:>8.1f} "
+                     f"{r.ms_per_step:>8.2f} {r.ms_per_step_p99:>7.2f} {ratio:>19}")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--mode", default="pipelined", choices=["pipelined", "blocking"])
     g.add_argument("--device", default=None)
     g.add_argument("--dtype", default="auto")
+    g.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
 
     r = sub.add_parser("make-random", help="write a random-weight checkpoint (config, safetensors, BPE tokenizer)")
     r.add_argument("--preset", required=True, help="tiny-llama, tiny-qwen3, tiny-phi, phi-1.5, qwen2.5-0.5b")
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--device", default=None)
     b.add_argument("--dtype", default="auto")
+    b.add_argument("--short", action="store_true", help="closed-loop clients sending requests of 1-4 tokens")
     b.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
 
     args = p.parse_args(argv)
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import run
 
         run(args.model, args.streams, args.mode, args.prompt_tokens, args.max_tokens, args.device, args.dtype,
-            args.out)
+            args.out, args.short)
         return 0
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"slipstream: error: {e}", file=sys.stderr)
@@ -63,7 +65,8 @@ def _generate(args) -> int:
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     with LLM(args.model, device=args.device, dtype=args.dtype, mode=args.mode, max_num_seqs=1) as llm:
-        rid = llm.submit(args.prompt, params, on_token=lambda _r, _n, delta: print(delta, end="", flush=True))
+        prompt = llm.core.render_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+        rid = llm.submit(prompt, params, on_token=lambda _r, _n, delta: print(delta, end="", flush=True))
         out = llm.result(rid)
     print()
     print(f"[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}, ttft {out.metrics.ttft * 1e3:.0f} ms, "
