@@ -28,7 +28,20 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: Att
     write_kv(*pages, k, v, attn.slot_mapping)
     if attn.is_prefill:
         return prefill_attention(q, k, v, attn.seq_lens, scale)
+    if q.is_cuda and _triton_decode(q.shape[-1], pages[0].shape[1]):
+        from .paged_decode import paged_decode_attention
+
+        return paged_decode_attention(q, *pages, attn.page_table, attn.context_lens, scale)
     return decode_attention(q, *pages, attn.page_table, attn.context_lens, scale)
+
+
+def _triton_decode(head_dim: int, page_size: int) -> bool:
+    """The Triton kernel serves CUDA decode steps where its tile shapes fit (else the reference)."""
+    try:
+        from .paged_decode import supported
+    except ImportError:
+        return False
+    return supported(head_dim, page_size)
 
 
 def write_kv(k_pages: torch.Tensor, v_pages: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
