@@ -1,24 +1,32 @@
-"""GPU checks of the device layer: the same engine on CUDA (streams, events, pinned landing
-buffers) gives the transformers answer, pipelined and blocking alike."""
+"""GPU checks: the same engine on CUDA (streams, events, pinned landing buffers, CUDA graphs,
+the Triton decode kernel) gives the transformers answer in both modes, and its steady-state loop
+is free of synchronization (sync-debug mode, pinned buffers, flat allocator counters)."""
 import pytest
 import torch
 
 from conftest import settled_stats, tie_aware_equal
+from constraints import ForceAt, Successor
 from slipstream import LLM, SamplingParams
 from test_engine import hf_greedy, random_workload, run_workload
 
 pytestmark = pytest.mark.gpu
 
 
+def cuda_llm(model, mode="pipelined", **kw):
+    opts = dict(device="cuda", dtype="float32", mode=mode, max_num_seqs=8, num_pages=128, page_size=16)
+    opts.update(kw)
+    return LLM(str(model.path), **opts)
+
+
 @pytest.mark.parametrize("mode", ["pipelined", "blocking"])
-def test_cuda_engine_matches_transformers(tiny_llama, mode):
+@pytest.mark.parametrize("graphs", [True, False])
+def test_cuda_engine_matches_transformers(tiny_llama, mode, graphs):
     prompts = [[5, 6, 7], [1], list(range(10, 30))]
-    with LLM(str(tiny_llama.path), device="cuda", dtype="float32", mode=mode, max_num_seqs=4, num_pages=64,
-             page_size=4) as llm:
+    with cuda_llm(tiny_llama, mode, cuda_graphs=graphs) as llm:
         outs = llm.generate(prompts, SamplingParams(max_tokens=12))
-        runner = llm.core.runner
+        assert (llm.stats()["cuda_graphs"] > 0) == graphs
         assert all(s.meta_host.is_pinned() and s.landing.host.is_pinned() and s.mask_host.is_pinned()
-                   for s in runner.slots)
+                   and s.logprobs_landing.host.is_pinned() for s in llm.core.runner.slots)
     for p, o in zip(prompts, outs):
         assert tie_aware_equal(tiny_llama.hf, p, o.token_ids, hf_greedy(tiny_llama.hf, p, 12, tiny_llama.eos_id))
 
@@ -27,8 +35,7 @@ def test_cuda_pipelined_equals_blocking(tiny_llama):
     reqs = random_workload(5, tiny_llama.vocab_size, tiny_llama.eos_id)
     results = {}
     for mode in ("blocking", "pipelined"):
-        with LLM(str(tiny_llama.path), device="cuda", dtype="float32", mode=mode, max_num_seqs=3, num_pages=96,
-                 page_size=4) as llm:
+        with cuda_llm(tiny_llama, mode, max_num_seqs=3) as llm:
             results[mode] = run_workload(llm, reqs)
             stats = settled_stats(llm)
             assert stats["kv_pages_free"] == stats["kv_pages_total"]
@@ -36,3 +43,34 @@ def test_cuda_pipelined_equals_blocking(tiny_llama):
     full = sum(tie_aware_equal(hf, r.prompt, results["pipelined"][i][0], results["blocking"][i][0],
                                r.params.temperature, r.params.seed) for i, r in enumerate(reqs))
     assert full >= len(reqs) - 1
+
+
+def test_steady_state_loop_never_synchronizes(tiny_llama):
+    """Decode, prefill, admissions, zombies, constrained and sampled rows, all under
+    set_sync_debug_mode('error'): any synchronizing call in the loop kills it and fails the requests.
+    Over a stretch of pure decode steps the allocator reserves no new memory."""
+    v, eos = tiny_llama.vocab_size, tiny_llama.eos_id
+    with cuda_llm(tiny_llama, max_num_seqs=8) as llm:
+        llm.generate([[1, 2], [3]], SamplingParams(max_tokens=4))  # warm-up outside the check
+        snapshots = {}
+
+        def watch(rid, n, delta):
+            if n in (40, 140):
+                s = torch.cuda.memory_stats()
+                snapshots[n] = (s["segment.all.allocated"], s["reserved_bytes.all.current"])
+
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            mixed = [SamplingParams(max_tokens=30, constraint=lambda: ForceAt(5, eos)),
+                     SamplingParams(max_tokens=30, temperature=0.9, top_p=0.9, seed=3, logprobs=2),
+                     SamplingParams(max_tokens=30, constraint=lambda: Successor(v)),
+                     SamplingParams(max_tokens=30, repetition_penalty=1.2, stop=["zz"])]
+            outs = llm.generate([[i + 1, i + 2] for i in range(12)], mixed * 3)
+            long = llm.submit([7, 7], SamplingParams(max_tokens=160, ignore_eos=True), on_token=watch)
+            others = [llm.submit([8], SamplingParams(max_tokens=160, ignore_eos=True)) for _ in range(3)]
+            assert len(llm.result(long).token_ids) == 160
+            assert all(len(llm.result(r).token_ids) == 160 for r in others)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert all(o.finish_reason in ("stop", "length") for o in outs)
+        assert snapshots[40] == snapshots[140], snapshots

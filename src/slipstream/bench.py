@@ -118,39 +118,149 @@ def _result(llm: LLM, workload: str, streams: int, prompt_tokens: int, max_token
                        len(outs) / wall)
 
 
-def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: int, max_tokens: int,
-        device: str | None, dtype: str, out: Path | None, short: bool = False) -> list[BenchResult]:
+def run_zombie_cases(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int = 16) -> list[BenchResult]:
+    """The zombie tax: short outputs ended by a stop token (the step after it is already in flight,
+    so it runs as a zombie) vs the same tokens ended by max_tokens (known in advance, never zombied)."""
+    rng = random.Random(5)
+    vocab = llm.core.model_config.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(streams)]
+    ref = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))]
+    ends = [max(j for j in range(len(r)) if r[j] not in r[:j]) for r in ref]  # a token seen first at j
+    by_stop = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=[r[j]]) for r, j in zip(ref, ends)]
+    by_length = [SamplingParams(max_tokens=j + 1, ignore_eos=True) for j in ends]
     results = []
+    for name, params in (("zombie-eos", by_stop), ("zombie-len", by_length)):
+        log = llm.core.scheduler.commit_log
+        log.clear()
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        results.append(_result(llm, name, streams, prompt_tokens, max_tokens, outs, time.perf_counter() - t0))
+    return results
+
+
+def copy_bandwidth(n_bytes: int = 1 << 31) -> float:
+    """Bytes read + written per second by a large device-to-device copy (the floor's bandwidth)."""
+    import torch
+
+    x = torch.empty(n_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    times = []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        y.copy_(x)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / 1e3)
+    return 2 * n_bytes / float(np.median(times))
+
+
+def floor_ms(llm: LLM, streams: int, context: int, bandwidth: float) -> float:
+    """(weight bytes + KV bytes read at `context`) / copy bandwidth: the fastest a decode step can be."""
+    model = llm.core.runner.model
+    weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    kv = llm.core.runner.kv.data
+    kv_per_token = kv[:, :, :1, :1].numel() * kv.element_size()
+    return (weights + streams * context * kv_per_token) / bandwidth * 1e3
+
+
+def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: int, max_tokens: int,
+        device: str | None, dtype: str, out: Path | None, workload: str = "decode",
+        profile: bool = False) -> list[BenchResult]:
+    """Run one workload for every mode and stream count; print a table, write JSON (and PNGs)."""
+    results, profiles, floors = [], {}, {}
     bar = tqdm(total=len(streams) * len(modes), desc="bench", unit="case")
+    bandwidth = None
     for mode in modes:
         llm = LLM(model, device=device, dtype=dtype, mode=mode, max_num_seqs=max(streams))
         try:
+            if llm.core.config.device.type == "cuda" and bandwidth is None:
+                bandwidth = copy_bandwidth()
             run_case(llm, max(streams), prompt_tokens, 8, seed=99)  # warm-up
             for n in streams:
                 bar.set_postfix_str(f"{mode} x{n}")
-                if short:
+                if workload == "short":
                     results.append(run_short_case(llm, n, prompt_tokens))
+                elif workload == "zombie":
+                    results.extend(run_zombie_cases(llm, n, prompt_tokens))
                 else:
+                    if profile and n == max(streams):
+                        profiles[mode] = llm.core.runner.profiler = _new_profiler(llm)
                     results.append(run_case(llm, n, prompt_tokens, max_tokens))
+                    llm.core.runner.profiler = None
+                if bandwidth:
+                    floors[n] = floor_ms(llm, n, prompt_tokens + max_tokens // 2, bandwidth)
                 bar.update()
         finally:
             llm.shutdown()
     bar.close()
-    print(format_table(results))
+    print(format_table(results, floors))
+    report = {"results": [asdict(r) for r in results], "copy_bandwidth_bytes_s": bandwidth,
+              "floor_ms": floors, "profile": {m: p.summary() for m, p in profiles.items()}}
+    if profiles:
+        print(format_profile(report["profile"]))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps([asdict(r) for r in results], indent=1))
+        out.write_text(json.dumps(report, indent=1))
         print(f"wrote {out}")
+        if profiles:
+            from .profiler import plot_timeline
+
+            plot_timeline(profiles, out.with_suffix(".timeline.png"))
+        if workload == "decode" and len(streams) > 1:
+            plot_throughput(results, floors, out.with_suffix(".png"))
     return results
 
 
-def format_table(results: list[BenchResult]) -> str:
+def _new_profiler(llm: LLM):
+    from .profiler import StepProfiler
+
+    return StepProfiler(llm.core.layer.compute_stream)
+
+
+def format_table(results: list[BenchResult], floors: dict[int, float] | None = None) -> str:
+    floors = floors or {}
     by = {(r.workload, r.streams, r.mode): r for r in results}
-    lines = [f"{'workload':>8} {'streams':>7} {'mode':>9} {'tok/s':>9} {'req/s':>8} {'ms/step':>8} {'p99':>7} "
-             f"{'pipelined/blocking':>19}"]
+    lines = [f"{'workload':>10} {'streams':>7} {'mode':>9} {'tok/s':>9} {'req/s':>8} {'ms/step':>8} {'p99':>7} "
+             f"{'floor ms':>8} {'x floor':>7} {'pipelined/blocking':>19}"]
     for r in sorted(results, key=lambda r: (r.workload, r.streams, r.mode != "blocking")):
         other = by.get((r.workload, r.streams, "blocking"))
         ratio = f"{r.tok_s / other.tok_s:.3f}" if r.mode == "pipelined" and other else ""
-        lines.append(f"{r.workload:>8} {r.streams:>7} {r.mode:>9} {r.tok_s:>9.1f} {r.requests_s:>8.1f} "
-                     f"{r.ms_per_step:>8.2f} {r.ms_per_step_p99:>7.2f} {ratio:>19}")
+        floor = floors.get(r.streams)
+        lines.append(f"{r.workload:>10} {r.streams:>7} {r.mode:>9} {r.tok_s:>9.1f} {r.requests_s:>8.1f} "
+                     f"{r.ms_per_step:>8.3f} {r.ms_per_step_p99:>7.3f} {floor or float('nan'):>8.3f} "
+                     f"{r.ms_per_step / floor if floor else float('nan'):>7.2f} {ratio:>19}")
     return "\n".join(lines)
+
+
+def format_profile(profile: dict[str, dict[str, float]]) -> str:
+    cols = ("forward", "sampling", "gpu_busy", "cpu_bookkeeping", "gpu_idle", "step")
+    lines = [f"{'mode':>9} " + " ".join(f"{c + ' med/p99 ms':>24}" for c in cols)]
+    for mode, p in profile.items():
+        lines.append(f"{mode:>9} " + " ".join(f"{p[c + '_median_ms']:>11.3f}/{p[c + '_p99_ms']:<12.3f}" for c in cols))
+    return "\n".join(lines)
+
+
+def plot_throughput(results: list[BenchResult], floors: dict[int, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode in sorted({r.mode for r in results}):
+        rs = sorted((r for r in results if r.mode == mode and r.workload == "decode"), key=lambda r: r.streams)
+        ax.plot([r.streams for r in rs], [r.tok_s for r in rs], marker="o", label=mode)
+    if floors:
+        xs = sorted(floors)
+        ax.plot(xs, [n / floors[n] * 1e3 for n in xs], linestyle="--", color="gray", label="floor (bandwidth)")
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("output tokens/s")
+    ax.set_xscale("log", base=2)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

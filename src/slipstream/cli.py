@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--device", default=None)
     b.add_argument("--dtype", default="auto")
     b.add_argument("--short", action="store_true", help="closed-loop clients sending requests of 1-4 tokens")
+    b.add_argument("--zombie", action="store_true", help="the zombie tax: stop-token ends vs max_tokens ends")
+    b.add_argument("--profile", action="store_true",
+                   help="GPU: per-step forward/sampling/bookkeeping/idle split and a PNG timeline")
     b.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
 
     args = p.parse_args(argv)
@@ -52,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from .bench import run
 
+        workload = "short" if args.short else "zombie" if args.zombie else "decode"
         run(args.model, args.streams, args.mode, args.prompt_tokens, args.max_tokens, args.device, args.dtype,
-            args.out, args.short)
+            args.out, workload, args.profile)
         return 0
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"slipstream: error: {e}", file=sys.stderr)

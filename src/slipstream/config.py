@@ -53,6 +53,7 @@ class EngineConfig:
     kv_memory_fraction: float = 0.5
     max_prefill_tokens: int = 2048
     cpu_kv_bytes: int = 1 << 30
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

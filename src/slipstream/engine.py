@@ -5,6 +5,7 @@ The loop blocks on a condition variable when there is no work (no spinning). If 
 pending request fails with the loop's error and later calls raise it: nothing hangs."""
 from __future__ import annotations
 
+import gc
 import itertools
 import queue
 import threading
@@ -69,10 +70,13 @@ class EngineCore:
         kv = KVCache(mc.num_layers, self.pool.num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, cfg.dtype,
                      cfg.device)
         pages_per_seq = self.pool.pages_for(self.max_model_len + 1)
-        self.runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, cfg.max_prefill_tokens, pages_per_seq)
+        self.runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, cfg.max_prefill_tokens, pages_per_seq,
+                                  cfg.cuda_graphs)
         self.scheduler = Scheduler(self.runner, self.pool, self.tokenizer, cfg.depth, cfg.max_num_seqs,
                                    cfg.max_prefill_tokens, on_finish)
         self._ids = itertools.count()
+        gc.collect()
+        gc.freeze()  # start-up objects leave the collector's view: no long collections in the loop (undone at shutdown)
 
     def _num_pages(self) -> int:
         cfg, mc = self.config, self.model_config
@@ -145,7 +149,8 @@ class EngineCore:
         return {"kv_pages_total": self.pool.total, "kv_pages_free": self.pool.num_free,
                 "running": len(sched.running), "waiting": len(sched.waiting),
                 "steps": sum(sched.steps.values()), "prefill_steps": sched.steps["prefill"],
-                "decode_steps": sched.steps["decode"]}
+                "decode_steps": sched.steps["decode"], "cuda_graphs": len(self.runner.graphs or ()),
+                "graph_memory_bytes": self.runner.graphs.memory_bytes if self.runner.graphs else 0}
 
 
 class LLM:
@@ -258,6 +263,7 @@ class LLM:
             self._stopping = True
             self._cv.notify()
         self._thread.join()
+        gc.unfreeze()
 
     def __enter__(self) -> "LLM":
         return self

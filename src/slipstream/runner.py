@@ -48,7 +48,7 @@ def decode_bucket(n: int, max_rows: int) -> int:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCache, layer: DeviceLayer, max_num_seqs: int,
-                 max_step_tokens: int, max_pages_per_seq: int) -> None:
+                 max_step_tokens: int, max_pages_per_seq: int, cuda_graphs: bool) -> None:
         self.model = model
         self.kv = kv
         self.layer = layer
@@ -63,6 +63,13 @@ class ModelRunner:
         self.counts = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.int32, device=layer.device)
         self.prompt_mask = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.bool, device=layer.device)
         self.ones = torch.ones(max_num_seqs, dtype=torch.int32, device=layer.device)
+        self.max_pages_per_seq = max_pages_per_seq
+        self.profiler = None  # a StepProfiler while `bench --profile` measures
+        self.graphs = None
+        if cuda_graphs and layer.is_cuda:
+            from .cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, sorted({decode_bucket(n, max_num_seqs) for n in range(1, max_num_seqs + 1)}))
 
     def launch_forward(self, step: Step) -> None:
         """Stage metadata for `step` (sequences as planned, before their counters advance) and queue
@@ -94,12 +101,7 @@ class ModelRunner:
                 n = pos // ps + 1
                 h["page_table"][i, :n] = s.pages[:n]
                 width = max(width, n)
-            pad = slice(len(seqs), rows)
-            h["positions"][pad] = 0
-            h["slot_mapping"][pad] = SCRATCH_PAGE * ps
-            h["context_lens"][pad] = 1
-            h["page_table"][pad, :width] = SCRATCH_PAGE
-            h["rows"][pad] = self.scratch_row
+            self._pad_rows(h, slice(len(seqs), rows), width)
         live = slice(0, len(seqs))
         h["rows"][live] = [s.row for s in seqs]
         h["seeds"][live] = [s.seed for s in seqs]
@@ -111,18 +113,52 @@ class ModelRunner:
         slot.flags = _StepFlags(any(p.temperature > 0 for p in params), any(p.filtered for p in params),
                                 any(p.penalized for p in params),
                                 max((p.logprobs for p in params if p.logprobs is not None), default=None))
+        flags = slot.flags
+        slot.fused = (self.graphs is not None and step.kind == "decode" and not step.constrained
+                      and not (flags.any_random or flags.any_penalty) and flags.logprobs is None)
+        if self.profiler is not None:
+            self.profiler.mark(step, 0)
         self.layer.upload(slot.meta_dev, slot.meta_host)
         d = slot.dev
-        if step.kind == "prefill" and slot.flags.any_penalty:
-            self._reset_penalty_rows(seqs, d["ids"])
         if step.kind == "prefill":
+            if flags.any_penalty:
+                self._reset_penalty_rows(seqs, d["ids"])
             attn = AttentionInputs(True, d["slot_mapping"][:t], seq_lens=[len(s.prompt_ids) for s in seqs])
             slot.logits = self.model(d["ids"][:t], d["positions"][:t], attn, self.kv, d["logits_index"][:rows])
+        elif self.graphs is not None:
+            slot.logits = self.graphs.replay(slot.index, rows, slot.fused)
         else:
-            attn = AttentionInputs(False, d["slot_mapping"][:rows], page_table=d["page_table"][:rows, :width],
-                                   context_lens=d["context_lens"][:rows])
-            ids = self.last_tokens[d["rows"][:rows]]
-            slot.logits = self.model(ids, d["positions"][:rows], attn, self.kv, None)
+            slot.logits = self.decode_forward(slot, rows, width)
+        if self.profiler is not None:
+            self.profiler.mark(step, 1)
+
+    def decode_forward(self, slot: DecodeSlot, rows: int, width: int) -> torch.Tensor:
+        """The decode forward over the slot's staged metadata (eager, or inside a graph capture)."""
+        d = slot.dev
+        attn = AttentionInputs(False, d["slot_mapping"][:rows], page_table=d["page_table"][:rows, :width],
+                               context_lens=d["context_lens"][:rows])
+        return self.model(self.last_tokens[d["rows"][:rows]], d["positions"][:rows], attn, self.kv, None)
+
+    def greedy_tail(self, slot: DecodeSlot, rows: int, logits: torch.Tensor) -> None:
+        """Greedy sampling as captured in the fused graphs: argmax, last-token scatter, sampled copy."""
+        tokens = logits.argmax(dim=-1)
+        self.last_tokens.index_copy_(0, slot.dev["rows"][:rows], tokens)
+        slot.sampled[:rows].copy_(tokens)
+
+    def stage_padding(self, slot: DecodeSlot, rows: int) -> None:
+        """Stage `rows` padded rows (scratch row, scratch page) and upload them: graph capture input."""
+        h = slot.host
+        self._pad_rows(h, slice(0, rows), self.max_pages_per_seq)
+        for name in _PER_ROW_PARAMS:
+            h[name][:rows] = _NEUTRAL[name]
+        self.layer.upload(slot.meta_dev, slot.meta_host)
+
+    def _pad_rows(self, h: dict[str, np.ndarray], pad: slice, width: int) -> None:
+        h["positions"][pad] = 0
+        h["slot_mapping"][pad] = SCRATCH_PAGE * self.page_size
+        h["context_lens"][pad] = 1
+        h["page_table"][pad, :width] = SCRATCH_PAGE
+        h["rows"][pad] = self.scratch_row
 
     def _reset_penalty_rows(self, seqs: list, ids: torch.Tensor) -> None:
         start = 0
@@ -143,23 +179,27 @@ class ModelRunner:
         sampled tokens (and their logprobs where asked for)."""
         slot = self.slots[step.slot]
         rows, d, flags = step.num_rows, slot.dev, slot.flags
-        mask = None
-        if masked:
-            self.layer.upload(slot.mask_dev[:rows], slot.mask_host[:rows])
-            mask = slot.mask_dev[:rows]
-        row_ids = d["rows"][:rows]
-        inputs = SamplerInputs(*(d[name][:rows] for name in _SAMPLER_FIELDS), flags.any_random, flags.any_filter,
-                               flags.any_penalty)
-        counts = self.counts[row_ids] if flags.any_penalty else None
-        prompt_mask = self.prompt_mask[row_ids] if flags.any_penalty else None
-        tokens = sample(slot.logits, inputs, mask, counts, prompt_mask)
-        self.last_tokens.index_copy_(0, row_ids, tokens)
-        if flags.any_penalty:
-            self.counts.index_put_((row_ids, tokens), self.ones[:rows], accumulate=True)
-        slot.sampled[:rows].copy_(tokens)
-        if flags.logprobs is not None:
-            slot.logprobs[:rows, : 1 + 2 * flags.logprobs].copy_(top_logprobs(slot.logits, tokens, flags.logprobs))
+        if not slot.fused:  # (a fused graph already sampled greedily)
+            mask = None
+            if masked:
+                self.layer.upload(slot.mask_dev[:rows], slot.mask_host[:rows])
+                mask = slot.mask_dev[:rows]
+            row_ids = d["rows"][:rows]
+            inputs = SamplerInputs(*(d[name][:rows] for name in _SAMPLER_FIELDS), flags.any_random,
+                                   flags.any_filter, flags.any_penalty)
+            counts = self.counts[row_ids] if flags.any_penalty else None
+            prompt_mask = self.prompt_mask[row_ids] if flags.any_penalty else None
+            tokens = sample(slot.logits, inputs, mask, counts, prompt_mask)
+            self.last_tokens.index_copy_(0, row_ids, tokens)
+            if flags.any_penalty:
+                self.counts.index_put_((row_ids, tokens), self.ones[:rows], accumulate=True)
+            slot.sampled[:rows].copy_(tokens)
+            if flags.logprobs is not None:
+                slot.logprobs[:rows, : 1 + 2 * flags.logprobs].copy_(
+                    top_logprobs(slot.logits, tokens, flags.logprobs))
         self.layer.record(slot.sampled_event)
+        if self.profiler is not None:
+            self.profiler.mark(step, 2)
         slot.landing.start(slot.sampled[:rows], slot.sampled_event)
         if flags.logprobs is not None:
             slot.logprobs_landing.start(slot.logprobs[:rows], slot.sampled_event)

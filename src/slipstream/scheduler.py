@@ -61,6 +61,7 @@ class Scheduler:
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.steps = {"prefill": 0, "decode": 0}
         self.commit_log: deque[tuple[str, float]] = deque(maxlen=100_000)  # (kind, commit time), for benchmarks
+        self.waited = 0.0  # seconds this tick spent blocked on a copy event
 
     # ---- requests -------------------------------------------------------------------------
     def reserve_tokens(self, seq: Sequence) -> int:
@@ -88,6 +89,8 @@ class Scheduler:
     def tick(self) -> None:
         """One scheduler tick. Pipelined (depth 2): launch(t+1), commit(t), finalize(t+1).
         Blocking (depth 1): launch(t+1), finalize(t+1), commit(t+1). Same code, the depth decides."""
+        start = time.perf_counter()
+        self.waited = 0.0
         pipe = self.pipeline
         launched = pipe.can_launch() and self._launch_next()
         if pipe.inflight and (len(pipe.inflight) >= pipe.depth or not launched):
@@ -97,6 +100,8 @@ class Scheduler:
             self._commit(oldest)
         for step in pipe.unfinalized():
             self._finalize(step)
+        if self.runner.profiler is not None:
+            self.runner.profiler.tick(start, time.perf_counter(), self.waited)
 
     def _launch_next(self) -> bool:
         step = self._plan_prefill() or self._plan_decode()
@@ -153,8 +158,10 @@ class Scheduler:
         self.pipeline.finalize(step)
 
     def _commit(self, step: Step) -> None:
+        before = time.perf_counter()
         tokens, logprobs = self.runner.wait_tokens(step)
         now = time.perf_counter()
+        self.waited += now - before
         self.commit_log.append((step.kind, now))
         for i, (seq, tok) in enumerate(zip(step.seqs, tokens)):
             seq.inflight_refs -= 1

@@ -57,6 +57,7 @@ class DecodeSlot:
         self.logprobs = torch.zeros((max_rows, 1 + 2 * MAX_LOGPROBS), dtype=torch.float64, device=layer.device)
         self.logprobs_landing = layer.landing((max_rows, 1 + 2 * MAX_LOGPROBS), torch.float64)
         self.flags = None  # the runner's per-step sampling flags, set at launch
+        self.fused = False  # this step's decode graph already sampled greedily
         self.logits: torch.Tensor | None = None
 
     def release(self) -> None:

@@ -1,0 +1,94 @@
+"""The bubble profiler: per-step GPU timestamps from CUDA events on the compute stream (forward
+start, forward end, sampling end) and CPU time per scheduler tick, for `slipstream bench --profile`.
+
+GPU idle between steps is the gap on the compute stream from one step's sampling end to the next
+step's forward start — read from the device timeline, never inferred from wall time."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class StepProfiler:
+    def __init__(self, compute_stream: torch.cuda.Stream, max_steps: int = 1024) -> None:
+        self.events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(max_steps)]
+        self.kinds: dict[int, str] = {}
+        self.first: int | None = None
+        self.ticks: list[tuple[float, float, float]] = []  # (start, end, seconds blocked on a copy event)
+        torch.cuda.synchronize()
+        self.origin = torch.cuda.Event(enable_timing=True)
+        self.origin.record(compute_stream)
+        torch.cuda.synchronize()
+        self.origin_time = time.perf_counter()
+
+    def mark(self, step, which: int) -> None:
+        """Record event `which` (0 forward start, 1 forward end, 2 sampling end) of `step`."""
+        if self.first is None:
+            self.first = step.index
+        i = step.index - self.first
+        if i < len(self.events):
+            self.kinds[i] = step.kind
+            self.events[i][which].record()
+
+    def tick(self, start: float, end: float, waited: float) -> None:
+        self.ticks.append((start, end, waited))
+
+    def steps(self) -> list[dict[str, float]]:
+        """Per recorded step: kind and its three GPU timestamps (ms since the origin)."""
+        torch.cuda.synchronize()
+        return [{"index": i, "kind": self.kinds[i], **{k: self.origin.elapsed_time(e) for k, e in
+                                                       zip(("start", "forward_end", "end"), self.events[i])}}
+                for i in sorted(self.kinds)]
+
+    def summary(self) -> dict[str, float]:
+        steps = self.steps()
+        decode = [s for s in steps if s["kind"] == "decode"]
+        pairs = [(a, b) for a, b in zip(steps, steps[1:]) if a["kind"] == b["kind"] == "decode"]
+        cpu = [(end - start - waited) * 1e3 for start, end, waited in self.ticks]
+
+        def stats(name: str, xs: list[float]) -> dict[str, float]:
+            return {f"{name}_median_ms": float(np.median(xs)) if xs else float("nan"),
+                    f"{name}_p99_ms": float(np.percentile(xs, 99)) if xs else float("nan")}
+
+        return {**stats("forward", [s["forward_end"] - s["start"] for s in decode]),
+                **stats("sampling", [s["end"] - s["forward_end"] for s in decode]),
+                **stats("gpu_busy", [s["end"] - s["start"] for s in decode]),
+                **stats("gpu_idle", [b["start"] - a["end"] for a, b in pairs]),
+                **stats("step", [b["start"] - a["start"] for a, b in pairs]),
+                **stats("cpu_bookkeeping", cpu), "decode_steps": len(decode)}
+
+    def cpu_spans(self) -> list[tuple[float, float, float]]:
+        """Ticks as (start ms, end ms, waited ms) on the GPU timeline's clock (aligned at the origin)."""
+        return [((s - self.origin_time) * 1e3, (e - self.origin_time) * 1e3, w * 1e3) for s, e, w in self.ticks]
+
+
+def plot_timeline(profiles: dict[str, StepProfiler], path: Path, num_steps: int = 8) -> None:
+    """A PNG of a few consecutive decode steps per mode: GPU forward/sampling bars over CPU ticks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(profiles), 1, figsize=(12, 2.2 * len(profiles)), squeeze=False)
+    for ax, (mode, prof) in zip(axes[:, 0], profiles.items()):
+        steps = [s for s in prof.steps() if s["kind"] == "decode"]
+        window = steps[len(steps) // 2: len(steps) // 2 + num_steps]
+        if not window:
+            continue
+        t0, t1 = window[0]["start"], window[-1]["end"]
+        for s in window:
+            ax.broken_barh([(s["start"] - t0, s["forward_end"] - s["start"])], (10, 8), color="tab:blue")
+            ax.broken_barh([(s["forward_end"] - t0, s["end"] - s["forward_end"])], (10, 8), color="tab:orange")
+        for start, end, waited in prof.cpu_spans():
+            if end >= t0 and start <= t1:
+                ax.broken_barh([(start - t0, end - start - waited)], (0, 8), color="tab:gray")
+        ax.set_yticks([4, 14], ["CPU busy", "GPU"])
+        ax.set_xlim(0, t1 - t0)
+        ax.set_title(f"{mode}: GPU forward (blue), sampling (orange); CPU bookkeeping per tick (gray)", fontsize=9)
+    axes[-1, 0].set_xlabel("ms")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
