@@ -167,7 +167,7 @@ class ModelRunner:
             if s.params.penalized:
                 self.counts[s.row].zero_()
                 self.prompt_mask[s.row].zero_()
-                self.prompt_mask[s.row, ids[start:start + n]] = True
+                self.prompt_mask[s.row].index_fill_(0, ids[start:start + n], True)  # (no host scalar copy)
             start += n
 
     def mask_rows(self, step: Step) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Triton paged-decode attention: one query token per row over that row's KV pages.
 
 One program per (row, KV head) walks the row's pages up to its context length with an online
-softmax, serving all query heads of the GQA group at once (padded to 16 rows for tl.dot). The
+softmax, serving all query heads of the GQA group at once (padded to 16 rows for tl.dot; fp32
+inputs use IEEE dots, half-precision inputs TF32 on their fp32 upcast). The
 page table has a fixed width and the context lengths live on the device, so one launch shape
 serves every step of a batch-size bucket — which is what a CUDA graph needs. Runs on CPU under
 TRITON_INTERPRET=1 (bf16 is upcast in-kernel)."""
@@ -15,7 +16,8 @@ import triton.language as tl
 @triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_lens_ptr, scale,
                          stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt,
-                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr):
+                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                         PRECISION: tl.constexpr):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     ctx = tl.load(context_lens_ptr + row)
@@ -34,13 +36,13 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_l
         base = page * stride_kp + offs[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
         k = tl.load(k_ptr + base).to(tl.float32)
         v = tl.load(v_ptr + base).to(tl.float32)
-        s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         s = tl.where((p * PAGE + offs)[None, :] < ctx, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
         w = tl.exp(s - m_new[:, None])
         denom = denom * alpha + tl.sum(w, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(w, v)
+        acc = acc * alpha[:, None] + tl.dot(w, v, input_precision=PRECISION)
         m = m_new
     out = acc / denom[:, None]
     tl.store(out_ptr + row * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -62,5 +64,6 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         q, k_pages, v_pages, out, page_table, context_lens, scale,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         out.stride(0), out.stride(1), page_table.stride(0),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page)
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     return out

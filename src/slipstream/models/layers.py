@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
@@ -16,9 +17,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        """As transformers computes it: normalize in fp32, cast back, then scale."""
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -44,8 +44,9 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    """cos/sin tables for every position up to max_len. Rotates the first `rotary_dim` features of
-    each head (all of them unless the model uses partial rotary, like Phi)."""
+    """cos/sin tables for every position up to max_len, looked up once per forward (`table`) and
+    applied to the first `rotary_dim` features of each head (all of them unless the model uses
+    partial rotary, like Phi)."""
 
     def __init__(self, cfg: ModelConfig, max_len: int) -> None:
         super().__init__()
@@ -55,10 +56,24 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions][:, None, :].to(x.dtype)
-        sin = self.sin[positions][:, None, :].to(x.dtype)
-        rot, rest = x[..., : self.dim], x[..., self.dim:]
-        x1, x2 = rot.chunk(2, dim=-1)
-        rot = rot * cos + torch.cat([-x2, x1], dim=-1) * sin
-        return torch.cat([rot, rest], dim=-1) if rest.shape[-1] else rot
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions][:, None, :].to(dtype), self.sin[positions][:, None, :].to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, head_dim]; rotates the first cos.shape[-1] features (rotate-half layout)."""
+    dim = cos.shape[-1]
+    rot = x[..., :dim]
+    x1, x2 = rot.chunk(2, dim=-1)
+    rot = rot * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return torch.cat([rot, x[..., dim:]], dim=-1) if dim < x.shape[-1] else rot
+
+
+def fuse_linears(*linears: nn.Linear) -> nn.Linear:
+    """One Linear computing the given ones side by side (one GEMM instead of several)."""
+    w = torch.cat([m.weight for m in linears])
+    fused = nn.Linear(w.shape[1], w.shape[0], bias=linears[0].bias is not None, device=w.device, dtype=w.dtype)
+    fused.weight = nn.Parameter(w, requires_grad=False)
+    if fused.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([m.bias for m in linears]), requires_grad=False)
+    return fused

@@ -10,7 +10,7 @@ from torch import nn
 from ..kernels.attention import AttentionInputs, paged_attention
 from ..kv_cache import KVCache
 from .config import ModelConfig
-from .layers import RMSNorm, Rotary
+from .layers import RMSNorm, Rotary, apply_rotary, fuse_linears
 
 
 class LlamaAttention(nn.Module):
@@ -27,15 +27,21 @@ class LlamaAttention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.scale = self.d ** -0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attn: AttentionInputs,
+    def fuse(self) -> None:
+        """Replace q/k/v projections (loaded under HF names) by one GEMM."""
+        self.qkv_proj = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.h, self.d)
-        k = self.k_proj(x).view(t, self.kvh, self.d)
-        v = self.v_proj(x).view(t, self.kvh, self.d)
+        qkv = self.qkv_proj(x).view(t, self.h + 2 * self.kvh, self.d)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        o = paged_attention(rotary(q, positions), rotary(k, positions), v, attn, pages, self.scale)
+            qk = torch.cat([self.q_norm(qkv[:, : self.h]), self.k_norm(qkv[:, self.h: self.h + self.kvh])], dim=1)
+        else:
+            qk = qkv[:, : self.h + self.kvh]
+        qk = apply_rotary(qk, *rope)
+        o = paged_attention(qk[:, : self.h], qk[:, self.h:], qkv[:, self.h + self.kvh:], attn, pages, self.scale)
         return self.o_proj(o.reshape(t, self.h * self.d))
 
 
@@ -46,8 +52,13 @@ class LlamaMLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
+    def fuse(self) -> None:
+        self.gate_up_proj = fuse_linears(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -58,9 +69,9 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attn: AttentionInputs,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attn, pages)
+        x = x + self.self_attn(self.input_layernorm(x), rope, attn, pages)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -87,12 +98,19 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def fuse(self) -> None:
+        """After loading: merge projections that read the same input into single GEMMs."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "fuse"):
+                module.fuse()
+
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionInputs, kv: KVCache,
                 logits_index: torch.Tensor | None) -> torch.Tensor:
         """Logits [rows, vocab] (fp32) for the tokens at `logits_index` (all tokens when None)."""
         x = self.model.embed_tokens(ids)
+        rope = self.rotary.table(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, positions, self.rotary, attn, kv.layer(i))
+            x = layer(x, rope, attn, kv.layer(i))
         if logits_index is not None:
             x = x[logits_index]
         return self.lm_head(getattr(self.model, self.final_norm)(x)).float()

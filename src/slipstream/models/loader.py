@@ -84,6 +84,7 @@ def build_model(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_
     model.load_state_dict(state, strict=False, assign=True)
     model.rotary = Rotary(cfg, max_len).to(device)
     model.tie_weights()
+    model.fuse()
     return model.eval().requires_grad_(False)
 
 

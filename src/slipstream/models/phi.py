@@ -8,7 +8,7 @@ from torch import nn
 
 from ..kernels.attention import AttentionInputs, paged_attention
 from .config import ModelConfig
-from .layers import Rotary
+from .layers import apply_rotary, fuse_linears
 from .llama import CausalLM
 
 
@@ -22,13 +22,17 @@ class PhiAttention(nn.Module):
         self.dense = nn.Linear(self.h * self.d, cfg.hidden_size)
         self.scale = self.d ** -0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attn: AttentionInputs,
+    def fuse(self) -> None:
+        self.qkv_proj = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         t = x.shape[0]
-        q = rotary(self.q_proj(x).view(t, self.h, self.d), positions)
-        k = rotary(self.k_proj(x).view(t, self.kvh, self.d), positions)
-        v = self.v_proj(x).view(t, self.kvh, self.d)
-        return self.dense(paged_attention(q, k, v, attn, pages, self.scale).reshape(t, self.h * self.d))
+        qkv = self.qkv_proj(x).view(t, self.h + 2 * self.kvh, self.d)
+        qk = apply_rotary(qkv[:, : self.h + self.kvh], *rope)
+        o = paged_attention(qk[:, : self.h], qk[:, self.h:], qkv[:, self.h + self.kvh:], attn, pages, self.scale)
+        return self.dense(o.reshape(t, self.h * self.d))
 
 
 class PhiMLP(nn.Module):
@@ -49,10 +53,10 @@ class PhiDecoderLayer(nn.Module):
         self.mlp = PhiMLP(cfg)
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, attn: AttentionInputs,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         h = self.input_layernorm(x)
-        return x + self.self_attn(h, positions, rotary, attn, pages) + self.mlp(h)
+        return x + self.self_attn(h, rope, attn, pages) + self.mlp(h)
 
 
 class PhiBackbone(nn.Module):
