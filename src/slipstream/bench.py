@@ -38,6 +38,7 @@ class BenchResult:
     decode_steps: int
     requests: int
     requests_s: float
+    ttft_ms_mean: float
 
 
 class Consumer:
@@ -75,7 +76,7 @@ def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: 
     log.clear()
     consumer = Consumer()
     t0 = time.perf_counter()
-    ids = [llm.submit(p, params, on_token=consumer.push) for p in prompts]
+    ids = llm.submit_many(prompts, params, on_token=consumer.push)
     outs = [llm.result(i) for i in ids]
     wall = time.perf_counter() - t0
     consumer.close()
@@ -115,7 +116,7 @@ def _result(llm: LLM, workload: str, streams: int, prompt_tokens: int, max_token
     return BenchResult(workload, llm.core.config.mode, streams, prompt_tokens, max_tokens, tokens, wall, tokens / wall,
                        float(np.median(steps)) if steps else float("nan"),
                        float(np.percentile(steps, 99)) if steps else float("nan"), len(steps), len(outs),
-                       len(outs) / wall)
+                       len(outs) / wall, float(np.mean([o.metrics.ttft for o in outs])) * 1e3)
 
 
 def run_zombie_cases(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int = 16) -> list[BenchResult]:

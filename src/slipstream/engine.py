@@ -178,15 +178,29 @@ class LLM:
         the loop. `on_token(request_id, num_tokens, text_delta)` is called on the loop thread after
         each committed token (the delta is "" while a character is still incomplete); if it raises,
         the request is aborted and its result raises that error."""
-        return self._submit(self.core.make_sequence(prompt, params, on_token), _Pending())
+        return self._enqueue([(self.core.make_sequence(prompt, params, on_token), _Pending())])[0]
 
-    def _submit(self, seq: Sequence, pending: _Pending) -> int:
+    def submit_many(self, prompts: Seq[str | list[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
+                    on_token: Callable[[int, int, str], None] | None = None) -> list[int]:
+        """Validate every request first, then queue them all at once (so they can share one prefill
+        step). One bad request raises before any of them is queued."""
+        if isinstance(params, (list, tuple)):
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+            per_prompt = list(params)
+        else:
+            per_prompt = [params] * len(prompts)
+        seqs = [self.core.make_sequence(p, sp, on_token) for p, sp in zip(prompts, per_prompt)]
+        return self._enqueue([(seq, _Pending()) for seq in seqs])
+
+    def _enqueue(self, requests: list[tuple[Sequence, _Pending]]) -> list[int]:
         with self._cv:
             self._raise_if_dead()
-            self._pending[seq.request_id] = pending
-            self._inbox.append(("add", seq))
+            for seq, pending in requests:
+                self._pending[seq.request_id] = pending
+                self._inbox.append(("add", seq))
             self._cv.notify()
-        return seq.request_id
+        return [seq.request_id for seq, _ in requests]
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the completion's text as it is committed: never half a UTF-8 character, and text that
@@ -194,7 +208,7 @@ class LLM:
         the final text. Closing the generator early aborts the request."""
         deltas: queue.SimpleQueue = queue.SimpleQueue()
         seq = self.core.make_sequence(prompt, params, lambda _rid, _n, delta: delta and deltas.put(delta))
-        rid = self._submit(seq, _Pending(deltas))
+        rid = self._enqueue([(seq, _Pending(deltas))])[0]
         finished = False
         try:
             while (delta := deltas.get()) is not None:
@@ -236,21 +250,7 @@ class LLM:
         """Run a batch of prompts to completion; outputs come back in prompt order."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        if isinstance(params, (list, tuple)):
-            if len(params) != len(prompts):
-                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-            per_prompt = list(params)
-        else:
-            per_prompt = [params] * len(prompts)
-        ids = []
-        try:
-            for p, sp in zip(prompts, per_prompt):
-                ids.append(self.submit(p, sp))
-        except BaseException:
-            for rid in ids:
-                self.abort(rid)
-            raise
-        return [self.result(rid) for rid in ids]
+        return [self.result(rid) for rid in self.submit_many(prompts, params)]
 
     def stats(self) -> dict[str, int]:
         with self._cv:

@@ -53,7 +53,9 @@ class StepProfiler:
             return {f"{name}_median_ms": float(np.median(xs)) if xs else float("nan"),
                     f"{name}_p99_ms": float(np.percentile(xs, 99)) if xs else float("nan")}
 
-        return {**stats("forward", [s["forward_end"] - s["start"] for s in decode]),
+        prefill = [s for s in steps if s["kind"] == "prefill"]
+        return {**stats("prefill_gpu", [s["end"] - s["start"] for s in prefill]), "prefill_steps": len(prefill),
+                **stats("forward", [s["forward_end"] - s["start"] for s in decode]),
                 **stats("sampling", [s["end"] - s["forward_end"] for s in decode]),
                 **stats("gpu_busy", [s["end"] - s["start"] for s in decode]),
                 **stats("gpu_idle", [b["start"] - a["end"] for a, b in pairs]),

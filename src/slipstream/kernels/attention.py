@@ -54,15 +54,21 @@ def write_kv(k_pages: torch.Tensor, v_pages: torch.Tensor, k: torch.Tensor, v: t
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int],
                       scale: float) -> torch.Tensor:
     """Causal attention of packed prompts over themselves. q [T, H, D], k/v [T, KVH, D];
-    `seq_lens` (host ints) splits the T tokens into sequences."""
+    `seq_lens` (host ints) splits the T tokens into sequences. Consecutive prompts of equal length
+    go through one batched call (views, no copies), so a burst of same-length prompts costs one
+    launch per layer rather than one per prompt."""
     outs = []
-    start = 0
-    for n in seq_lens:
-        qs, ks, vs = (x[start:start + n].transpose(0, 1) for x in (q, k, v))
+    start, i = 0, 0
+    while i < len(seq_lens):
+        n, j = seq_lens[i], i
+        while j < len(seq_lens) and seq_lens[j] == n:
+            j += 1
+        end = start + n * (j - i)
+        qs, ks, vs = (x[start:end].view(j - i, n, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
         o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
-                                           enable_gqa=qs.shape[0] != ks.shape[0])
-        outs.append(o.transpose(0, 1))
-        start += n
+                                           enable_gqa=qs.shape[1] != ks.shape[1])
+        outs.append(o.transpose(1, 2).reshape(end - start, *q.shape[1:]))
+        start, i = end, j
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
