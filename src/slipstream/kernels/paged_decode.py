@@ -1,7 +1,7 @@
 """Triton paged-decode attention: one query token per row over that row's KV pages.
 
-One program per (row, KV head) walks the row's pages up to its context length with an online
-softmax, serving all query heads of the GQA group at once (padded to 16 rows for tl.dot; fp32
+One program per (row, KV head) walks the row's pages up to its context length, a block of
+`pages_per_block` pages per iteration (their loads in flight together), with an online softmax, serving all query heads of the GQA group at once (padded to 16 rows for tl.dot; fp32
 inputs use IEEE dots, half-precision inputs TF32 on their fp32 upcast). The
 page table has a fixed width and the context lengths live on the device, so one launch shape
 serves every step of a batch-size bucket — which is what a CUDA graph needs. Runs on CPU under
@@ -17,7 +17,7 @@ import triton.language as tl
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_lens_ptr, scale,
                          stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                         PRECISION: tl.constexpr):
+                         PAGES_PER_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     ctx = tl.load(context_lens_ptr + row)
@@ -30,14 +30,18 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_l
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     denom = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    offs = tl.arange(0, PAGE)
-    for p in range(0, tl.cdiv(ctx, PAGE)):
-        page = tl.load(page_table_ptr + row * stride_pt + p).to(tl.int64)
-        base = page * stride_kp + offs[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
-        k = tl.load(k_ptr + base).to(tl.float32)
-        v = tl.load(v_ptr + base).to(tl.float32)
+    BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
+    offs = tl.arange(0, BLOCK)  # token offsets of one block of pages, loaded together
+    n_pages = tl.cdiv(ctx, PAGE)
+    for start in range(0, tl.cdiv(ctx, BLOCK)):
+        p = start * PAGES_PER_BLOCK + offs // PAGE
+        page = tl.load(page_table_ptr + row * stride_pt + p, mask=p < n_pages, other=0).to(tl.int64)
+        base = page[:, None] * stride_kp + (offs % PAGE)[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
+        valid = start * BLOCK + offs < ctx
+        k = tl.load(k_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        s = tl.where((p * PAGE + offs)[None, :] < ctx, s, float("-inf"))
+        s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
         w = tl.exp(s - m_new[:, None])
@@ -54,7 +58,8 @@ def supported(head_dim: int, page_size: int) -> bool:
 
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
-                           context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                           context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+                           pages_per_block: int = 4) -> torch.Tensor:
     """Same contract as kernels.attention.decode_attention: q [B, H, D] -> [B, H, D]."""
     b, h, d = q.shape
     _, page, kvh, _ = k_pages.shape
@@ -65,5 +70,6 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         out.stride(0), out.stride(1), page_table.stride(0),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page,
+        PAGES_PER_BLOCK=pages_per_block,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     return out
