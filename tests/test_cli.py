@@ -1,0 +1,29 @@
+"""The command line: make-random writes a loadable checkpoint, generate streams its text, bench
+writes its JSON, and bad input is an error message with exit code 2, not a traceback."""
+import json
+
+from slipstream.cli import main
+
+
+def test_make_random_generate_and_bench(tmp_path, capsys):
+    ckpt = tmp_path / "tiny"
+    assert main(["make-random", "--preset", "tiny-phi", "--out", str(ckpt)]) == 0
+    assert (ckpt / "model.safetensors").exists() and (ckpt / "tokenizer.json").exists()
+    assert main(["generate", "the kernel", "--model", str(ckpt), "--device", "cpu", "--max-tokens", "5"]) == 0
+    assert "finish_reason=" in capsys.readouterr().err
+    assert main(["generate", "hi", "--chat", "--model", str(ckpt), "--device", "cpu", "--max-tokens", "3"]) == 0
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(ckpt), "--device", "cpu", "--streams", "1,2", "--max-tokens", "4",
+                 "--prompt-tokens", "4", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert {(r["mode"], r["streams"]) for r in results} == {(m, s) for m in ("pipelined", "blocking") for s in (1, 2)}
+    assert all(r["output_tokens"] == 4 * r["streams"] for r in results)
+    assert "pipelined/blocking" in capsys.readouterr().out
+
+
+def test_errors_are_messages(tmp_path, capsys):
+    assert main(["generate", "x", "--model", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["make-random", "--preset", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert main(["generate", "x", "--model", "random:tiny-llama", "--device", "cpu", "--temperature", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err
