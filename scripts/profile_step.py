@@ -31,9 +31,11 @@ vp = torch.randn_like(kp)
 table = torch.arange(1, pages, device="cuda").view(b, -1)
 lens = torch.full((b,), ctx, device="cuda")
 for ppb in (1, 2, 4, 8):
-    ms = triton.testing.do_bench(lambda: paged_decode_attention(q, kp, vp, table, lens, 0.125, pages_per_block=ppb),
-                                 return_mode="median")
-    print(f"paged_decode pages_per_block={ppb}: {ms * 1e3:.1f} us")
+    for warps in (1, 2, 4, 8):
+        ms = triton.testing.do_bench(
+            lambda: paged_decode_attention(q, kp, vp, table, lens, 0.125, pages_per_block=ppb, num_warps=warps),
+            return_mode="median")
+        print(f"paged_decode pages_per_block={ppb} num_warps={warps}: {ms * 1e3:.1f} us")
 k = kp[1:].reshape(b, ctx, cfg["kvh"], cfg["d"]).transpose(1, 2)
 v = vp[1:].reshape(b, ctx, cfg["kvh"], cfg["d"]).transpose(1, 2)
 ms = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=cfg["h"] != cfg["kvh"]),

@@ -60,3 +60,31 @@ def test_reference_decode_attention_matches_dense(page):
     out = decode_attention(q, kp, vp, table, ctx, scale)
     ref = dense_reference(q, kp, vp, table, ctx, scale)
     assert (out.double().cpu() - ref).norm() / ref.norm() < 1e-5
+
+
+@pytest.mark.parametrize("h,kvh,d,rot", [(4, 4, 64, 64), (8, 2, 64, 32), (14, 2, 64, 64), (4, 1, 128, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_and_store_matches_reference(h, kvh, d, rot, dtype):
+    from slipstream.kernels.attention import apply_rotary, write_kv
+    from slipstream.kernels.rope_store import rope_and_store
+
+    g = torch.Generator().manual_seed(h + rot)
+    t, num_pages, page = 5, 8, 16
+    qkv = torch.randn(t, h + 2 * kvh, d, generator=g).to(dtype).to(DEVICE)
+    q, k, v = qkv.split([h, kvh, kvh], dim=1)  # strided views, as the models pass them
+    angles = torch.rand(t, 1, rot // 2, generator=g) * 6
+    cos = torch.cat([angles.cos()] * 2, -1).to(dtype).to(DEVICE)
+    sin = torch.cat([angles.sin()] * 2, -1).to(dtype).to(DEVICE)
+    slots = (torch.randperm(num_pages * page - page, generator=g)[:t] + page).to(DEVICE)
+    pages = [torch.full((num_pages, page, kvh, d), float("nan"), dtype=dtype, device=DEVICE) for _ in range(2)]
+    ref_pages = [torch.zeros_like(p) for p in pages]
+    q_out = torch.full((t, h, d), float("nan"), dtype=dtype, device=DEVICE)
+    rope_and_store(q, k, v, cos, sin, *pages, slots, out=q_out)
+    up = lambda x: x.double()
+    q_ref = apply_rotary(up(q), up(cos), up(sin))
+    write_kv(*ref_pages, apply_rotary(up(k), up(cos), up(sin)).to(dtype), v, slots)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert ((q_out.double() - q_ref).norm() / q_ref.norm()) < tol
+    for got, want in zip(pages, ref_pages):
+        flat_got, flat_want = got.view(-1, kvh, d)[slots], want.view(-1, kvh, d)[slots]
+        assert ((flat_got.double() - flat_want.double()).norm() / flat_want.double().norm()) < tol

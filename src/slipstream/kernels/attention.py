@@ -22,21 +22,35 @@ class AttentionInputs:
     context_lens: torch.Tensor | None = None
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttentionInputs,
-                    pages: tuple[torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:
-    """Write this step's K/V into the pages, then attend: [tokens, heads, head_dim] in and out."""
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, head_dim]; rotates the first cos.shape[-1] features (rotate-half layout)."""
+    dim = cos.shape[-1]
+    rot = x[..., :dim]
+    x1, x2 = rot.chunk(2, dim=-1)
+    rot = rot * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return torch.cat([rot, x[..., dim:]], dim=-1) if dim < x.shape[-1] else rot
+
+
+def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                           attn: AttentionInputs, pages: tuple[torch.Tensor, torch.Tensor],
+                           scale: float) -> torch.Tensor:
+    """Rotary on q and k, the KV write into the pages, then attention: [tokens, heads, head_dim] in
+    and out. CUDA decode steps use the Triton kernels (two launches); everything else the torch path."""
+    if not attn.is_prefill and q.is_cuda and _triton_decode(q.shape[-1], pages[0].shape[1]):
+        from .paged_decode import paged_decode_attention
+        from .rope_store import rope_and_store
+
+        q = rope_and_store(q, k, v, *rope, *pages, attn.slot_mapping)
+        return paged_decode_attention(q, *pages, attn.page_table, attn.context_lens, scale)
+    q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
     write_kv(*pages, k, v, attn.slot_mapping)
     if attn.is_prefill:
         return prefill_attention(q, k, v, attn.seq_lens, scale)
-    if q.is_cuda and _triton_decode(q.shape[-1], pages[0].shape[1]):
-        from .paged_decode import paged_decode_attention
-
-        return paged_decode_attention(q, *pages, attn.page_table, attn.context_lens, scale)
     return decode_attention(q, *pages, attn.page_table, attn.context_lens, scale)
 
 
 def _triton_decode(head_dim: int, page_size: int) -> bool:
-    """The Triton kernel serves CUDA decode steps where its tile shapes fit (else the reference)."""
+    """The Triton kernels serve CUDA decode steps where their tile shapes fit (else the reference)."""
     try:
         from .paged_decode import supported
     except ImportError:

@@ -59,7 +59,7 @@ def supported(head_dim: int, page_size: int) -> bool:
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
                            context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
-                           pages_per_block: int = 4) -> torch.Tensor:
+                           pages_per_block: int = 4, num_warps: int = 4) -> torch.Tensor:
     """Same contract as kernels.attention.decode_attention: q [B, H, D] -> [B, H, D]."""
     b, h, d = q.shape
     _, page, kvh, _ = k_pages.shape
@@ -71,5 +71,5 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         out.stride(0), out.stride(1), page_table.stride(0),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page,
         PAGES_PER_BLOCK=pages_per_block,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps)
     return out

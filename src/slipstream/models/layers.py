@@ -60,15 +60,6 @@ class Rotary(nn.Module):
         return self.cos[positions][:, None, :].to(dtype), self.sin[positions][:, None, :].to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [tokens, heads, head_dim]; rotates the first cos.shape[-1] features (rotate-half layout)."""
-    dim = cos.shape[-1]
-    rot = x[..., :dim]
-    x1, x2 = rot.chunk(2, dim=-1)
-    rot = rot * cos + torch.cat([-x2, x1], dim=-1) * sin
-    return torch.cat([rot, x[..., dim:]], dim=-1) if dim < x.shape[-1] else rot
-
-
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One Linear computing the given ones side by side (one GEMM instead of several)."""
     w = torch.cat([m.weight for m in linears])

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.attention import AttentionInputs, paged_attention
+from ..kernels.attention import AttentionInputs, rotary_paged_attention
 from ..kv_cache import KVCache
 from .config import ModelConfig
-from .layers import RMSNorm, Rotary, apply_rotary, fuse_linears
+from .layers import RMSNorm, Rotary, fuse_linears
 
 
 class LlamaAttention(nn.Module):
@@ -36,12 +36,10 @@ class LlamaAttention(nn.Module):
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x).view(t, self.h + 2 * self.kvh, self.d)
+        q, k, v = qkv.split([self.h, self.kvh, self.kvh], dim=1)
         if self.qk_norm:
-            qk = torch.cat([self.q_norm(qkv[:, : self.h]), self.k_norm(qkv[:, self.h: self.h + self.kvh])], dim=1)
-        else:
-            qk = qkv[:, : self.h + self.kvh]
-        qk = apply_rotary(qk, *rope)
-        o = paged_attention(qk[:, : self.h], qk[:, self.h:], qkv[:, self.h + self.kvh:], attn, pages, self.scale)
+            q, k = self.q_norm(q), self.k_norm(k)
+        o = rotary_paged_attention(q, k, v, rope, attn, pages, self.scale)
         return self.o_proj(o.reshape(t, self.h * self.d))
 
 

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.attention import AttentionInputs, paged_attention
+from ..kernels.attention import AttentionInputs, rotary_paged_attention
 from .config import ModelConfig
-from .layers import apply_rotary, fuse_linears
+from .layers import fuse_linears
 from .llama import CausalLM
 
 
@@ -29,9 +29,8 @@ class PhiAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(x).view(t, self.h + 2 * self.kvh, self.d)
-        qk = apply_rotary(qkv[:, : self.h + self.kvh], *rope)
-        o = paged_attention(qk[:, : self.h], qk[:, self.h:], qkv[:, self.h + self.kvh:], attn, pages, self.scale)
+        q, k, v = self.qkv_proj(x).view(t, self.h + 2 * self.kvh, self.d).split([self.h, self.kvh, self.kvh], dim=1)
+        o = rotary_paged_attention(q, k, v, rope, attn, pages, self.scale)
         return self.dense(o.reshape(t, self.h * self.d))
 
 
