@@ -116,21 +116,20 @@ def run_workload(llm: LLM, reqs: list[Req]) -> dict[int, tuple[list[int], str]]:
     return out
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_pipelined_equals_blocking_under_random_workload(tiny_llama, seed):
-    reqs = random_workload(seed, tiny_llama.vocab_size, tiny_llama.eos_id)
+def assert_modes_agree(tm, reqs: list[Req], llm_factory) -> set[str]:
+    """Run `reqs` in both modes (llm_factory(mode) -> LLM); tie-aware token equality per request,
+    equal finish reasons where compared in full, every page back. Returns the finish reasons seen."""
     results = {}
     for mode in ("blocking", "pipelined"):
-        with make_llm(tiny_llama, mode, max_num_seqs=3) as llm:
+        with llm_factory(mode) as llm:
             results[mode] = run_workload(llm, reqs)
             stats = settled_stats(llm)
             assert stats["kv_pages_free"] == stats["kv_pages_total"]
             assert stats["running"] == 0 and stats["waiting"] == 0
-    full = 0
-    reasons = set()
+    full, reasons = 0, set()
     for label, r in enumerate(reqs):
         (got, why_got), (want, why_want) = results["pipelined"][label], results["blocking"][label]
-        same = tie_aware_equal(tiny_llama.hf, r.prompt, got, want, r.params.temperature, r.params.seed)
+        same = tie_aware_equal(tm.hf, r.prompt, got, want, r.params.temperature, r.params.seed)
         if same:
             assert why_got == why_want, f"request {label}: {why_got} vs {why_want}"
         full += same
@@ -139,6 +138,13 @@ def test_pipelined_equals_blocking_under_random_workload(tiny_llama, seed):
             assert len(want) == r.abort_at
         assert len(want) <= r.params.max_tokens
     assert full >= len(reqs) - 1, f"only {full} of {len(reqs)} sequences compared in full"
+    return reasons
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pipelined_equals_blocking_under_random_workload(tiny_llama, seed):
+    reqs = random_workload(seed, tiny_llama.vocab_size, tiny_llama.eos_id)
+    reasons = assert_modes_agree(tiny_llama, reqs, lambda mode: make_llm(tiny_llama, mode, max_num_seqs=3))
     assert reasons >= {"stop", "length"}
 
 
@@ -240,13 +246,7 @@ def test_other_architectures_greedy_and_pipelined_equal_blocking(tiny_other_arch
         assert tie_aware_equal(tm.hf, p, outs["blocking"][i].token_ids, want)
         assert tie_aware_equal(tm.hf, p, outs["pipelined"][i].token_ids, outs["blocking"][i].token_ids)
     reqs = random_workload(7, tm.vocab_size, tm.eos_id, n=10)
-    results = {}
-    for mode in ("blocking", "pipelined"):
-        with make_llm(tm, mode, max_num_seqs=3) as llm:
-            results[mode] = run_workload(llm, reqs)
-    full = sum(tie_aware_equal(tm.hf, r.prompt, results["pipelined"][i][0], results["blocking"][i][0],
-                               r.params.temperature, r.params.seed) for i, r in enumerate(reqs))
-    assert full >= len(reqs) - 1
+    assert_modes_agree(tm, reqs, lambda mode: make_llm(tm, mode, max_num_seqs=3))
 
 
 def test_bad_input_never_reaches_the_loop(tiny_llama):

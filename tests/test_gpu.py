@@ -4,10 +4,10 @@ is free of synchronization (sync-debug mode, pinned buffers, flat allocator coun
 import pytest
 import torch
 
-from conftest import settled_stats, tie_aware_equal
+from conftest import tie_aware_equal
 from constraints import ForceAt, Successor
 from slipstream import LLM, SamplingParams
-from test_engine import hf_greedy, random_workload, run_workload
+from test_engine import assert_modes_agree, hf_greedy, random_workload
 
 pytestmark = pytest.mark.gpu
 
@@ -33,16 +33,7 @@ def test_cuda_engine_matches_transformers(tiny_llama, mode, graphs):
 
 def test_cuda_pipelined_equals_blocking(tiny_llama):
     reqs = random_workload(5, tiny_llama.vocab_size, tiny_llama.eos_id)
-    results = {}
-    for mode in ("blocking", "pipelined"):
-        with cuda_llm(tiny_llama, mode, max_num_seqs=3) as llm:
-            results[mode] = run_workload(llm, reqs)
-            stats = settled_stats(llm)
-            assert stats["kv_pages_free"] == stats["kv_pages_total"]
-    hf = tiny_llama.hf
-    full = sum(tie_aware_equal(hf, r.prompt, results["pipelined"][i][0], results["blocking"][i][0],
-                               r.params.temperature, r.params.seed) for i, r in enumerate(reqs))
-    assert full >= len(reqs) - 1
+    assert_modes_agree(tiny_llama, reqs, lambda mode: cuda_llm(tiny_llama, mode, max_num_seqs=3))
 
 
 def test_steady_state_loop_never_synchronizes(tiny_llama):

@@ -17,7 +17,7 @@ def test_tiny_presets_load_in_transformers_and_match(tmp_path, preset):
     write_checkpoint(preset, tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     tok = Tokenizer.from_dir(tmp_path)
-    assert tok.vocab_size == hf.config.vocab_size == PRESETS[preset].vocab_size
+    assert tok.vocab_size == hf.config.vocab_size == PRESETS[preset].shape["vocab_size"]
     with LLM(str(tmp_path), device="cpu", num_pages=64) as llm:
         prompt = tok.encode("the pipeline and the kernel")
         out = llm.generate([prompt], SamplingParams(max_tokens=8))[0]

@@ -13,14 +13,18 @@ from .config import ModelConfig
 from .layers import RMSNorm, Rotary, fuse_linears
 
 
-class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+class Attention(nn.Module):
+    """q/k/v projections, optional per-head q/k RMSNorm (Qwen3), rotary, paged attention and the
+    output projection, which HF calls `o_proj` (Llama, Qwen) or `dense` (Phi)."""
+
+    def __init__(self, cfg: ModelConfig, out_name: str = "o_proj") -> None:
         super().__init__()
         self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.kvh * self.d, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.kvh * self.d, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.o_bias)
+        self.out_name = out_name
+        setattr(self, out_name, nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.o_bias))
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.d, cfg.norm_eps)
             self.k_norm = RMSNorm(self.d, cfg.norm_eps)
@@ -40,7 +44,7 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         o = rotary_paged_attention(q, k, v, rope, attn, pages, self.scale)
-        return self.o_proj(o.reshape(t, self.h * self.d))
+        return getattr(self, self.out_name)(o.reshape(t, self.h * self.d))
 
 
 class LlamaMLP(nn.Module):
@@ -62,7 +66,7 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg)
+        self.self_attn = Attention(cfg)
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)

@@ -6,32 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.attention import AttentionInputs, rotary_paged_attention
+from ..kernels.attention import AttentionInputs
 from .config import ModelConfig
-from .layers import fuse_linears
-from .llama import CausalLM
-
-
-class PhiAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kvh * self.d)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kvh * self.d)
-        self.dense = nn.Linear(self.h * self.d, cfg.hidden_size)
-        self.scale = self.d ** -0.5
-
-    def fuse(self) -> None:
-        self.qkv_proj = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
-        del self.q_proj, self.k_proj, self.v_proj
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
-                pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).view(t, self.h + 2 * self.kvh, self.d).split([self.h, self.kvh, self.kvh], dim=1)
-        o = rotary_paged_attention(q, k, v, rope, attn, pages, self.scale)
-        return self.dense(o.reshape(t, self.h * self.d))
+from .llama import Attention, CausalLM
 
 
 class PhiMLP(nn.Module):
@@ -48,7 +25,7 @@ class PhiMLP(nn.Module):
 class PhiDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = PhiAttention(cfg)
+        self.self_attn = Attention(cfg, out_name="dense")
         self.mlp = PhiMLP(cfg)
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
 

@@ -12,7 +12,7 @@ import os
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,27 +34,26 @@ PIECE_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:
 
 @dataclass(frozen=True)
 class Preset:
+    """A model shape, as the config.json fields that differ from the family's defaults."""
+
     architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
+    shape: dict[str, Any]
     init_std: float = 0.02
     dtype: str = "bfloat16"
-    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _shape(vocab: int, hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, **extra: Any) -> dict[str, Any]:
+    return {"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv_heads, **extra}
 
 
 PRESETS: dict[str, Preset] = {
-    "tiny-llama": Preset("LlamaForCausalLM", 512, 64, 128, 2, 4, 2, init_std=0.15, dtype="float32"),
-    "tiny-qwen3": Preset("Qwen3ForCausalLM", 512, 64, 128, 2, 4, 2, init_std=0.15, dtype="float32",
-                         extra={"head_dim": 32}),
-    "tiny-phi": Preset("PhiForCausalLM", 512, 64, 256, 2, 4, 4, init_std=0.15, dtype="float32",
-                       extra={"partial_rotary_factor": 0.5}),
-    "phi-1.5": Preset("PhiForCausalLM", 51200, 2048, 8192, 24, 32, 32, extra={"partial_rotary_factor": 0.5}),
-    "qwen2.5-0.5b": Preset("Qwen2ForCausalLM", 151936, 896, 4864, 24, 14, 2,
-                           extra={"rope_theta": 1000000.0, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}),
+    "tiny-llama": Preset("LlamaForCausalLM", _shape(512, 64, 128, 2, 4, 2), 0.15, "float32"),
+    "tiny-qwen3": Preset("Qwen3ForCausalLM", _shape(512, 64, 128, 2, 4, 2, head_dim=32), 0.15, "float32"),
+    "tiny-phi": Preset("PhiForCausalLM", _shape(512, 64, 256, 2, 4, 4, partial_rotary_factor=0.5), 0.15, "float32"),
+    "phi-1.5": Preset("PhiForCausalLM", _shape(51200, 2048, 8192, 24, 32, 32, partial_rotary_factor=0.5)),
+    "qwen2.5-0.5b": Preset("Qwen2ForCausalLM", _shape(151936, 896, 4864, 24, 14, 2, rope_theta=1000000.0,
+                                                      tie_word_embeddings=True, rms_norm_eps=1e-6)),
 }
 
 
@@ -89,18 +88,14 @@ def build_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
 
 
 def hf_config(p: Preset) -> dict[str, Any]:
-    eos = SPECIAL_TOKENS.index("<|im_end|>")
-    cfg = {"architectures": [p.architecture], "vocab_size": p.vocab_size, "hidden_size": p.hidden_size,
-           "intermediate_size": p.intermediate_size, "num_hidden_layers": p.num_layers,
-           "num_attention_heads": p.num_heads, "num_key_value_heads": p.num_kv_heads,
-           "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": eos, "tie_word_embeddings": False,
-           "torch_dtype": p.dtype}
+    cfg = {"architectures": [p.architecture], "max_position_embeddings": 4096, "bos_token_id": 0,
+           "eos_token_id": SPECIAL_TOKENS.index("<|im_end|>"), "tie_word_embeddings": False, "torch_dtype": p.dtype}
     if p.architecture == "PhiForCausalLM":
         cfg.update(model_type="phi", hidden_act="gelu_new", layer_norm_eps=1e-5, max_position_embeddings=2048)
     else:
         cfg.update(model_type={"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
                                "Qwen3ForCausalLM": "qwen3"}[p.architecture], hidden_act="silu", rms_norm_eps=1e-5)
-    cfg.update(p.extra)
+    cfg.update(p.shape)
     return cfg
 
 
@@ -135,7 +130,7 @@ def write_checkpoint(preset: str, out: Path, seed: int = 0) -> Path:
     cfg = hf_config(p)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": cfg["eos_token_id"]}))
-    build_tokenizer(p.vocab_size, seed).save(str(out / "tokenizer.json"))
+    build_tokenizer(cfg["vocab_size"], seed).save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": "<|endoftext|>"}, indent=1))
     save_file(random_weights(cfg, p.init_std, getattr(torch, p.dtype), seed), str(out / "model.safetensors"))
