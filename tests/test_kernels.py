@@ -34,7 +34,9 @@ def random_case(b, h, kvh, d, page, dtype, seed):
     ctx = torch.randint(1, 200, (b,), generator=g)
     width = math.ceil(int(ctx.max()) / page)
     table = torch.stack([torch.randperm(num_pages - 1, generator=g)[:width] + 1 for _ in range(b)])
-    mk = lambda *s: torch.randn(*s, generator=g).to(dtype).to(DEVICE)
+    def mk(*shape):
+        return torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
+
     return (mk(b, h, d), mk(num_pages, page, kvh, d), mk(num_pages, page, kvh, d), table.to(DEVICE), ctx.to(DEVICE),
             d ** -0.5)
 
@@ -80,9 +82,8 @@ def test_rope_and_store_matches_reference(h, kvh, d, rot, dtype):
     ref_pages = [torch.zeros_like(p) for p in pages]
     q_out = torch.full((t, h, d), float("nan"), dtype=dtype, device=DEVICE)
     rope_and_store(q, k, v, cos, sin, *pages, slots, out=q_out)
-    up = lambda x: x.double()
-    q_ref = apply_rotary(up(q), up(cos), up(sin))
-    write_kv(*ref_pages, apply_rotary(up(k), up(cos), up(sin)).to(dtype), v, slots)
+    q_ref = apply_rotary(q.double(), cos.double(), sin.double())
+    write_kv(*ref_pages, apply_rotary(k.double(), cos.double(), sin.double()).to(dtype), v, slots)
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     assert ((q_out.double() - q_ref).norm() / q_ref.norm()) < tol
     for got, want in zip(pages, ref_pages):

@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
 
     g = sub.add_parser("generate", help="stream a completion of PROMPT (default model: embedded SmolLM2-135M)")
     g.add_argument("prompt")
-    g.add_argument("--model", default=None, help="HF model directory, .gguf file or random:PRESET (default: the embedded model)")
+    g.add_argument("--model", default=None,
+                   help="HF model directory, .gguf file or random:PRESET (default: the embedded model)")
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)

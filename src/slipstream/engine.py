@@ -72,8 +72,8 @@ class EngineCore:
         pages_per_seq = self.pool.pages_for(self.max_model_len + 1)
         self.runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, cfg.max_prefill_tokens, pages_per_seq,
                                   cfg.cuda_graphs)
-        self.scheduler = Scheduler(self.runner, self.pool, self.tokenizer, cfg.depth, cfg.max_num_seqs,
-                                   cfg.max_prefill_tokens, on_finish)
+        self.scheduler = Scheduler(self.runner, self.pool, cfg.depth, cfg.max_num_seqs, cfg.max_prefill_tokens,
+                                   on_finish)
         self._ids = itertools.count()
         gc.collect()
         gc.freeze()  # start-up objects leave the collector's view: no long collections in the loop (undone at shutdown)

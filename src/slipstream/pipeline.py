@@ -16,7 +16,7 @@ Invariants (each has a unit test in tests/test_pipeline.py):
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -31,7 +31,6 @@ class Step:
     slot: int = -1
     finalized: bool = False
     num_rows: int = 0  # rows including padding
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Pipeline:

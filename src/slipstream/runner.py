@@ -69,7 +69,8 @@ class ModelRunner:
         if cuda_graphs and layer.is_cuda:
             from .cuda_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(self, sorted({decode_bucket(n, max_num_seqs) for n in range(1, max_num_seqs + 1)}))
+            buckets = sorted({decode_bucket(n, max_num_seqs) for n in range(1, max_num_seqs + 1)})
+            self.graphs = DecodeGraphs(self, buckets)
 
     def launch_forward(self, step: Step) -> None:
         """Stage metadata for `step` (sequences as planned, before their counters advance) and queue

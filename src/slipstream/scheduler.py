@@ -17,7 +17,6 @@ from .pipeline import Pipeline, Step
 from .runner import ALL_ALLOWED, ModelRunner
 from .sampling import SamplingParams, TokenConstraint
 from .text import TextStream
-from .tokenizer import Tokenizer
 
 
 @dataclass
@@ -47,11 +46,10 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, pool: PagePool, tokenizer: Tokenizer, depth: int, max_num_seqs: int,
-                 max_prefill_tokens: int, on_finish: Callable[[Sequence], None]) -> None:
+    def __init__(self, runner: ModelRunner, pool: PagePool, depth: int, max_num_seqs: int, max_prefill_tokens: int,
+                 on_finish: Callable[[Sequence], None]) -> None:
         self.runner = runner
         self.pool = pool
-        self.tokenizer = tokenizer
         self.pipeline = Pipeline(depth)
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens

@@ -69,7 +69,8 @@ class Tokenizer:
         types = meta.get("tokenizer.ggml.token_type") or []
         fast.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                                  for i, t in enumerate(types) if t == _GGUF_CONTROL])
-        fast.add_tokens([AddedToken(tokens[i], normalized=False) for i, t in enumerate(types) if t == _GGUF_USER_DEFINED])
+        fast.add_tokens([AddedToken(tokens[i], normalized=False)
+                         for i, t in enumerate(types) if t == _GGUF_USER_DEFINED])
         def token(key: str) -> str | None:
             return tokens[meta[key]] if key in meta else None
 

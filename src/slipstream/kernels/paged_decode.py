@@ -1,10 +1,11 @@
 """Triton paged-decode attention: one query token per row over that row's KV pages.
 
 One program per (row, KV head) walks the row's pages up to its context length, a block of
-`pages_per_block` pages per iteration (their loads in flight together), with an online softmax, serving all query heads of the GQA group at once (padded to 16 rows for tl.dot; fp32
-inputs use IEEE dots, half-precision inputs TF32 on their fp32 upcast). The
-page table has a fixed width and the context lengths live on the device, so one launch shape
-serves every step of a batch-size bucket — which is what a CUDA graph needs. Runs on CPU under
+`pages_per_block` pages per iteration (their loads in flight together), with an online softmax,
+serving all query heads of the GQA group at once (padded to 16 rows for tl.dot; fp32 inputs use
+IEEE dots, half-precision inputs TF32 on their fp32 upcast). The page table has a fixed width and
+the context lengths live on the device, so one launch shape serves every step of a batch-size
+bucket — which is what a CUDA graph needs. Runs on CPU under
 TRITON_INTERPRET=1 (bf16 is upcast in-kernel)."""
 from __future__ import annotations
 
