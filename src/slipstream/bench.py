@@ -67,11 +67,18 @@ def decode_step_ms(commit_log: list[tuple[str, float]]) -> list[float]:
     return [(b[1] - a[1]) * 1e3 for a, b in zip(commit_log, commit_log[1:]) if a[0] == b[0] == "decode"]
 
 
-def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: int = 0) -> BenchResult:
+JSON_BENCH_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+
+
+def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: int = 0,
+             constrained: float = 0.0) -> BenchResult:
+    """The decode workload; `constrained` is the fraction of streams under a JSON schema."""
     rng = random.Random(seed)
     vocab = llm.core.model_config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(streams)]
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    n_json = round(constrained * streams)
+    params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, json_schema=JSON_BENCH_SCHEMA)] * n_json
+    params += [SamplingParams(max_tokens=max_tokens, ignore_eos=True)] * (streams - n_json)
     log = llm.core.scheduler.commit_log
     log.clear()
     consumer = Consumer()
@@ -80,7 +87,8 @@ def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: 
     outs = [llm.result(i) for i in ids]
     wall = time.perf_counter() - t0
     consumer.close()
-    return _result(llm, "decode", streams, prompt_tokens, max_tokens, outs, wall)
+    return _result(llm, f"json{constrained:g}" if constrained else "decode", streams, prompt_tokens, max_tokens,
+                   outs, wall)
 
 
 def run_short_case(llm: LLM, streams: int, prompt_tokens: int, requests_per_stream: int = 16,
@@ -169,7 +177,7 @@ def floor_ms(llm: LLM, streams: int, context: int, bandwidth: float) -> float:
 
 def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: int, max_tokens: int,
         device: str | None, dtype: str, out: Path | None, workload: str = "decode",
-        profile: bool = False) -> list[BenchResult]:
+        profile: bool = False, constrained: list[float] | None = None) -> list[BenchResult]:
     """Run one workload for every mode and stream count; print a table, write JSON (and PNGs)."""
     results, profiles, floors = [], {}, {}
     bar = tqdm(total=len(streams) * len(modes), desc="bench", unit="case")
@@ -179,13 +187,20 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
         try:
             if llm.core.config.device.type == "cuda" and bandwidth is None:
                 bandwidth = copy_bandwidth()
-            run_case(llm, max(streams), prompt_tokens, 8, seed=99)  # warm-up
+            run_case(llm, max(streams), prompt_tokens, 8, seed=99,  # warm-up (and the grammar's compile)
+                     constrained=1.0 if workload == "constrained" else 0.0)
             for n in streams:
                 bar.set_postfix_str(f"{mode} x{n}")
                 if workload == "short":
                     results.append(run_short_case(llm, n, prompt_tokens))
                 elif workload == "zombie":
                     results.extend(run_zombie_cases(llm, n, prompt_tokens))
+                elif workload == "constrained":
+                    for fraction in constrained:
+                        if profile:
+                            profiles[f"{mode} json{fraction:g}"] = llm.core.runner.profiler = _new_profiler(llm)
+                        results.append(run_case(llm, n, prompt_tokens, max_tokens, constrained=fraction))
+                        llm.core.runner.profiler = None
                 else:
                     if profile and n == max(streams):
                         profiles[mode] = llm.core.runner.profiler = _new_profiler(llm)
@@ -206,7 +221,7 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
         print(f"wrote {out}")
-        if profiles:
+        if profiles and workload == "decode":
             from .profiler import plot_timeline
 
             plot_timeline(profiles, out.with_suffix(".timeline.png"))
@@ -237,10 +252,11 @@ def format_table(results: list[BenchResult], floors: dict[int, float] | None = N
 
 
 def format_profile(profile: dict[str, dict[str, float]]) -> str:
-    cols = ("forward", "sampling", "gpu_busy", "cpu_bookkeeping", "gpu_idle", "step")
-    lines = [f"{'mode':>9} " + " ".join(f"{c + ' med/p99 ms':>24}" for c in cols)]
+    cols = ("forward", "sampling", "gpu_busy", "cpu_bookkeeping", "mask_fill", "gpu_idle", "step")
+    lines = [f"{'mode':>15} " + " ".join(f"{c + ' med/p99 ms':>24}" for c in cols)]
     for mode, p in profile.items():
-        lines.append(f"{mode:>9} " + " ".join(f"{p[c + '_median_ms']:>11.3f}/{p[c + '_p99_ms']:<12.3f}" for c in cols))
+        lines.append(f"{mode:>15} " + " ".join(f"{p[c + '_median_ms']:>11.3f}/{p[c + '_p99_ms']:<12.3f}"
+                                             for c in cols))
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from .device import DeviceLayer
 from .kv_cache import KVCache, PagePool
 from .models.loader import build_model, load_checkpoint
 from .runner import ModelRunner
-from .sampling import SamplingParams
+from .sampling import SamplingParams, TokenConstraint
 from .scheduler import Scheduler, Sequence
 from .text import TextStream
 from .tokenizer import render_chat_template
@@ -75,6 +75,8 @@ class EngineCore:
         self.scheduler = Scheduler(self.runner, self.pool, cfg.depth, cfg.max_num_seqs, cfg.max_prefill_tokens,
                                    on_finish)
         self._ids = itertools.count()
+        self._grammar = None  # the XGrammar backend, built at the first structured-output request
+        self._grammar_lock = threading.Lock()
         gc.collect()
         gc.freeze()  # start-up objects leave the collector's view: no long collections in the loop (undone at shutdown)
 
@@ -107,7 +109,7 @@ class EngineCore:
             seed=params.resolved_seed(),
             eos_ids=frozenset(self.model_config.eos_token_ids) | frozenset(params.stop_token_ids),
             text=TextStream(self.tokenizer, params.stop),
-            constraint=params.constraint() if params.constraint else None,
+            constraint=self._constraint(params),
             on_token=(lambda s, delta: on_token(s.request_id, len(s.output_ids), delta)) if on_token else None,
         )
         pages = self.pool.pages_for(self.scheduler.reserve_tokens(seq))
@@ -115,6 +117,22 @@ class EngineCore:
             raise ValueError(f"request needs {pages} KV pages (prompt + max_tokens), the cache has "
                              f"{self.pool.total}; lower max_tokens or give the cache more memory")
         return seq
+
+    def _constraint(self, params: SamplingParams) -> TokenConstraint | None:
+        """The request's constraint, compiled here on the submitting thread (never on the loop's)."""
+        option = params.grammar_option
+        if option is None:
+            return params.constraint() if params.constraint else None
+        with self._grammar_lock:
+            if self._grammar is None:
+                try:
+                    from .constrain.grammar import GrammarBackend
+                except ImportError as e:
+                    raise ValueError(f"structured output needs xgrammar ({e}); install it with "
+                                     f"`pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi pydantic`") from None
+                self._grammar = GrammarBackend(self.tokenizer, self.model_config.vocab_size,
+                                               self.model_config.eos_token_ids)
+        return self._grammar.constraint(*option)
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -18,6 +18,7 @@ class StepProfiler:
         self.kinds: dict[int, str] = {}
         self.first: int | None = None
         self.ticks: list[tuple[float, float, float]] = []  # (start, end, seconds blocked on a copy event)
+        self.mask_fill: list[float] = []  # seconds the CPU spent filling a constrained step's bitmask
         torch.cuda.synchronize()
         self.origin = torch.cuda.Event(enable_timing=True)
         self.origin.record(compute_stream)
@@ -60,7 +61,8 @@ class StepProfiler:
                 **stats("gpu_busy", [s["end"] - s["start"] for s in decode]),
                 **stats("gpu_idle", [b["start"] - a["end"] for a, b in pairs]),
                 **stats("step", [b["start"] - a["start"] for a, b in pairs]),
-                **stats("cpu_bookkeeping", cpu), "decode_steps": len(decode)}
+                **stats("cpu_bookkeeping", cpu), **stats("mask_fill", [t * 1e3 for t in self.mask_fill]),
+                "decode_steps": len(decode)}
 
     def cpu_spans(self) -> list[tuple[float, float, float]]:
         """Ticks as (start ms, end ms, waited ms) on the GPU timeline's clock (aligned at the origin)."""

@@ -27,6 +27,10 @@ class TokenConstraint(Protocol):
 
     def fill_mask(self, words: np.ndarray) -> None: ...
 
+    def is_terminated(self) -> bool:
+        """True once the constraint has accepted its end (the request then stops)."""
+        ...
+
 
 MAX_LOGPROBS = 20
 
@@ -40,7 +44,12 @@ class SamplingParams:
     seeded request samples the same tokens in any batch and either mode. `seed=None` draws a
     fresh seed at submit. `stop` strings are matched on the detokenized text and cut from it.
     `logprobs=n` returns, per generated token, its log-probability and the top n (0 <= n <= 20)
-    under the model's raw distribution."""
+    under the model's raw distribution.
+
+    Structured output (at most one): `json_schema` (dict or JSON text), `json_object` (any JSON
+    object), `regex`, `choice` (a list of strings), `grammar` (EBNF). Outputs are valid by
+    construction; JSON uses compact separators. A bad schema, regex or grammar raises ValueError
+    at submit."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -55,7 +64,12 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
-    constraint: Callable[[], TokenConstraint] | None = None
+    json_schema: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    constraint: Callable[[], TokenConstraint] | None = None  # a custom per-request constraint factory
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str, value: object) -> None:
@@ -83,6 +97,26 @@ class SamplingParams:
              "stop_token_ids must be non-negative integers", self.stop_token_ids)
         need(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
              f"logprobs must be an integer in [0, {MAX_LOGPROBS}]", self.logprobs)
+        asked = [name for name in ("json_schema", "json_object", "regex", "choice", "grammar", "constraint")
+                 if getattr(self, name) not in (None, False)]
+        need(len(asked) <= 1, "give at most one of json_schema, json_object, regex, choice, grammar", asked)
+        need(self.json_schema is None or isinstance(self.json_schema, (dict, str)), "json_schema must be a dict or a "
+             "JSON string", self.json_schema)
+        need(self.regex is None or (isinstance(self.regex, str) and self.regex), "regex must be a non-empty string",
+             self.regex)
+        need(self.grammar is None or (isinstance(self.grammar, str) and self.grammar),
+             "grammar must be a non-empty EBNF string", self.grammar)
+        need(self.choice is None or (isinstance(self.choice, (list, tuple)) and self.choice
+                                     and all(isinstance(c, str) and c for c in self.choice)),
+             "choice must be a non-empty list of non-empty strings", self.choice)
+
+    @property
+    def grammar_option(self) -> tuple[str, object] | None:
+        """(option name, value) of the structured-output option asked for, if any."""
+        for name in ("json_schema", "regex", "choice", "grammar"):
+            if getattr(self, name) is not None:
+                return name, getattr(self, name)
+        return ("json_object", True) if self.json_object else None
 
     @property
     def penalized(self) -> bool:

@@ -146,12 +146,15 @@ class Scheduler:
         committed by now whenever this step has a constrained row."""
         masked = step.constrained
         if masked:
+            start = time.perf_counter()
             words = self.runner.mask_rows(step)
             words[:] = ALL_ALLOWED
             for i, s in enumerate(step.seqs):
                 if s.constraint is not None and not s.finalized:
                     words[i] = 0
                     s.constraint.fill_mask(words[i])
+            if self.runner.profiler is not None:
+                self.runner.profiler.mask_fill.append(time.perf_counter() - start)
         self.runner.launch_sampling(step, masked)
         self.pipeline.finalize(step)
 
@@ -175,9 +178,12 @@ class Scheduler:
         seq.output_ids.append(tok)
         if seq.first_token_time is None:
             seq.first_token_time = now
+        grammar_done = False
         if seq.constraint is not None:
             seq.constraint.advance(tok)
+            grammar_done = seq.constraint.is_terminated()
         stop_token = (tok in seq.eos_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids
+        stop_token = stop_token or grammar_done
         if not stop_token and self._emit(seq, seq.text.push(tok)):
             return
         if stop_token or seq.text.stopped:
@@ -213,6 +219,7 @@ class Scheduler:
             self.free_rows.append(seq.row)
             del self.running[seq.request_id]
             seq.pages, seq.row = [], -1
+            seq.constraint = None  # frees its matcher
 
 
 def _logprob_entry(token: int, row, n: int) -> dict[int, float]:

@@ -1,0 +1,104 @@
+"""Grammar-constrained decoding with XGrammar: JSON schema, any JSON object, regex, a choice of
+strings, or an EBNF grammar. Grammars compile at submit (on the caller's thread, never the loop's),
+through a bounded cache keyed by the grammar's text; each request gets its own matcher, which the
+commit advances with the committed token and the finalize turns into the next step's bitmask."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..tokenizer import Tokenizer
+
+GRAMMAR_OPTIONS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+class GrammarConstraint:
+    """One request's XGrammar matcher behind the engine's TokenConstraint hook."""
+
+    def __init__(self, compiled: Any) -> None:
+        import xgrammar as xgr
+
+        self.matcher = xgr.GrammarMatcher(compiled)
+
+    def advance(self, token_id: int) -> None:
+        if not self.matcher.accept_token(token_id):
+            raise RuntimeError(f"token {token_id} was sampled against its grammar mask")
+
+    def fill_mask(self, words: np.ndarray) -> None:
+        self.matcher.fill_next_token_bitmask(torch.from_numpy(words)[None], 0)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+
+class GrammarBackend:
+    """XGrammar's tokenizer info built from our own tokenizer (offline), its compiler, and a bounded
+    cache of compiled grammars."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[int], cache_size: int = 256,
+                 threads: int = 2) -> None:
+        import xgrammar as xgr
+
+        encoded = [""] * vocab_size
+        for token, i in tokenizer.fast.get_vocab(with_added_tokens=True).items():
+            if i < vocab_size:
+                encoded[i] = token
+        info = xgr.TokenizerInfo(encoded, xgr.VocabType.BYTE_LEVEL, vocab_size=vocab_size,
+                                 stop_token_ids=stop_token_ids)
+        self.compiler = xgr.GrammarCompiler(info, max_threads=threads)
+        self.cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self.cache_size = cache_size
+        self.lock = threading.Lock()
+
+    def constraint(self, option: str, value: Any) -> GrammarConstraint:
+        """A fresh matcher for one request; a bad grammar raises ValueError naming the option."""
+        try:
+            key = (option, _canonical(option, value))
+        except ValueError as e:
+            raise ValueError(f"invalid {option}: not valid JSON ({e})") from None
+        with self.lock:
+            compiled = self.cache.get(key)
+            if compiled is not None:
+                self.cache.move_to_end(key)
+        if compiled is None:
+            try:
+                compiled = self._compile(option, key[1])
+            except RuntimeError as e:
+                raise ValueError(f"invalid {option}: {_xgrammar_message(e)}") from None
+            with self.lock:
+                self.cache[key] = compiled
+                while len(self.cache) > self.cache_size:
+                    self.cache.popitem(last=False)
+        return GrammarConstraint(compiled)
+
+    def _compile(self, option: str, text: str) -> Any:
+        compact = dict(any_whitespace=False, separators=(",", ":"))  # free whitespace lets a model loop forever
+        if option in ("json_schema", "json_object"):
+            return self.compiler.compile_json_schema(text, **compact)
+        if option == "regex":
+            return self.compiler.compile_regex(text)
+        return self.compiler.compile_grammar(text)  # "grammar", and "choice" rendered as EBNF
+
+
+def _canonical(option: str, value: Any) -> str:
+    """The text a grammar compiles from: the schema as JSON (property order kept: it is the order of
+    generation), a choice as an EBNF rule."""
+    if option == "json_schema":
+        schema = json.loads(value) if isinstance(value, str) else value
+        return json.dumps(schema)
+    if option == "json_object":
+        return json.dumps({"type": "object"})
+    if option == "choice":
+        return "root ::= " + " | ".join(json.dumps(c) for c in value)
+    return value
+
+
+def _xgrammar_message(e: Exception) -> str:
+    """XGrammar's error text without its '[time] source.cc:line:' prefix."""
+    return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(e).strip().splitlines()[0])
