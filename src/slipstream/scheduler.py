@@ -149,10 +149,17 @@ class Scheduler:
             start = time.perf_counter()
             words = self.runner.mask_rows(step)
             words[:] = ALL_ALLOWED
+            rows: dict[type, list[tuple[int, TokenConstraint]]] = {}
             for i, s in enumerate(step.seqs):
                 if s.constraint is not None and not s.finalized:
-                    words[i] = 0
-                    s.constraint.fill_mask(words[i])
+                    rows.setdefault(type(s.constraint), []).append((i, s.constraint))
+            for kind, group in rows.items():
+                if hasattr(kind, "fill_masks"):  # a batched fill (XGrammar's runs on several threads)
+                    kind.fill_masks([c for _, c in group], words, [i for i, _ in group])
+                else:
+                    for i, c in group:
+                        words[i] = 0
+                        c.fill_mask(words[i])
             if self.runner.profiler is not None:
                 self.runner.profiler.mask_fill.append(time.perf_counter() - start)
         self.runner.launch_sampling(step, masked)

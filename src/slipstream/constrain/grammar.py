@@ -21,6 +21,8 @@ GRAMMAR_OPTIONS = ("json_schema", "json_object", "regex", "choice", "grammar")
 class GrammarConstraint:
     """One request's XGrammar matcher behind the engine's TokenConstraint hook."""
 
+    batch = None  # XGrammar's batch matcher (its thread pool), shared by every request
+
     def __init__(self, compiled: Any) -> None:
         import xgrammar as xgr
 
@@ -35,6 +37,15 @@ class GrammarConstraint:
 
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
+
+    @classmethod
+    def fill_masks(cls, constraints: list["GrammarConstraint"], words: np.ndarray, rows: list[int]) -> None:
+        """Fill many rows' bitmasks at once, in parallel threads inside XGrammar."""
+        if cls.batch is None:
+            import xgrammar as xgr
+
+            cls.batch = xgr.BatchGrammarMatcher()
+        cls.batch.batch_fill_next_token_bitmask([c.matcher for c in constraints], words, rows)
 
 
 class GrammarBackend:
