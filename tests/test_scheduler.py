@@ -83,3 +83,27 @@ def test_zombies_count_toward_max_num_seqs(tiny_llama, mode):
     assert peak == 4
     assert all(s.finalized and len(s.output_ids) == 2 for s in seqs)
     assert core.pool.num_free == core.pool.total
+
+
+def test_a_failing_callback_on_the_final_text_still_finishes_once(tiny_llama):
+    """Text held back for a possible stop string is released at the end; if the consumer raises
+    on it, the request carries the error and is finished exactly once."""
+    from constraints import ForceSequence
+
+    finished = []
+    core = make_core(tiny_llama, "pipelined", finished)
+    ids = core.tokenizer.encode("the pipeline")
+    seen = []
+
+    def consumer(rid, n, delta):
+        seen.append(delta)
+        if delta.endswith("line"):
+            raise ValueError("consumer gone")
+
+    params = SamplingParams(max_tokens=len(ids), stop=["line!!"], constraint=lambda: ForceSequence(ids))
+    seq = core.make_sequence([3], params, consumer)
+    core.scheduler.add(seq)
+    run_until(core, lambda: not core.scheduler.has_work())
+    assert finished == [seq] and isinstance(seq.error, ValueError)
+    assert seq.finish_reason == "length" and "".join(seen) == "the pipeline"
+    assert core.pool.num_free == core.pool.total

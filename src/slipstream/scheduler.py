@@ -191,7 +191,8 @@ class Scheduler:
             grammar_done = seq.constraint.is_terminated()
         stop_token = (tok in seq.eos_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids
         stop_token = stop_token or grammar_done
-        if not stop_token and self._emit(seq, seq.text.push(tok)):
+        if not stop_token and not self._emit(seq, seq.text.push(tok)):
+            self._finish(seq, "abort")
             return
         if stop_token or seq.text.stopped:
             self._finish(seq, "stop")
@@ -199,19 +200,20 @@ class Scheduler:
             self._finish(seq, "length")
 
     def _emit(self, seq: Sequence, delta: str) -> bool:
-        """Hand a text delta to the request's callback; True if the callback failed (the request is
-        then aborted with its error: a user callback must not take the engine down)."""
+        """Hand a text delta to the request's callback. False if the callback raised: its error is
+        kept on the sequence, whose result then raises it (a user callback must not take the engine
+        down, nor other requests)."""
         if seq.on_token is None:
-            return False
+            return True
         try:
             seq.on_token(seq, delta)
         except Exception as e:
             seq.error = e
-            self._finish(seq, "abort")
-            return True
-        return False
+            return False
+        return True
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        """Decide the result and emit it, exactly once; rows and pages wait for inflight_refs."""
         seq.finalized = True
         seq.finish_reason = reason
         seq.finish_time = time.perf_counter()
