@@ -269,3 +269,20 @@ def test_bad_input_never_reaches_the_loop(tiny_llama):
         assert stats["kv_pages_free"] == stats["kv_pages_total"]
     with make_llm(tiny_llama, num_pages=4) as small, pytest.raises(ValueError, match="needs 16 KV pages"):
         small.submit([1], SamplingParams(max_tokens=60))
+
+
+def test_shutdown_fails_pending_requests_instead_of_hanging(tiny_llama):
+    llm = make_llm(tiny_llama)
+    started = threading.Event()
+
+    def slow_consumer(rid, n, delta):
+        started.set()
+        time.sleep(0.02)  # 200 tokens take 4 s: the shutdown comes first
+
+    rid = llm.submit([1, 2], SamplingParams(max_tokens=200, ignore_eos=True), on_token=slow_consumer)
+    started.wait(10)
+    llm.shutdown()
+    with pytest.raises(RuntimeError, match="shut down before this request finished"):
+        llm.result(rid, timeout=5)
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.submit([1])

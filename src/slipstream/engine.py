@@ -277,10 +277,12 @@ class LLM:
             return stats
 
     def shutdown(self) -> None:
+        """Stop the loop; requests still pending get an error result rather than none."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
         self._thread.join()
+        self._fail_pending(RuntimeError("the engine was shut down before this request finished"))
         gc.unfreeze()
 
     def __enter__(self) -> "LLM":
@@ -319,14 +321,17 @@ class LLM:
                 if sched.has_work():
                     sched.tick()
         except BaseException as e:  # the loop must never die silently: fail every pending request
-            with self._cv:
-                self._error = e
-                for pending in self._pending.values():
-                    if not pending.done.is_set():
-                        pending.error = e
-                        pending.done.set()
-                        if pending.deltas is not None:
-                            pending.deltas.put(None)
+            self._error = e
+            self._fail_pending(e)
+
+    def _fail_pending(self, error: BaseException) -> None:
+        with self._cv:
+            for pending in self._pending.values():
+                if not pending.done.is_set():
+                    pending.error = error
+                    pending.done.set()
+                    if pending.deltas is not None:
+                        pending.deltas.put(None)
 
     def _raise_if_dead(self) -> None:
         if self._error is not None:
