@@ -4,8 +4,10 @@ equals blocking with constraints on, stops and aborts free matchers and pages, a
 are rejected at submit."""
 from __future__ import annotations
 
+import gc
 import json
 import re
+import weakref
 
 import jsonschema
 import pytest
@@ -95,6 +97,10 @@ def test_outputs_are_valid_and_pipelined_equals_blocking(random_model, seeded):
 def test_stop_and_abort_mid_grammar_free_matchers_and_pages(random_model):
     with LLM(str(random_model), device="cpu", num_pages=256, page_size=4, max_num_seqs=4) as llm:
         schema = SCHEMAS[0]
+        llm.generate([[1]], SamplingParams(max_tokens=1, json_schema=schema))  # builds the backend
+        backend, matchers = llm.core._grammar, []
+        make = backend.constraint
+        backend.constraint = lambda *a: matchers.append(weakref.ref(c := make(*a))) or c
         long_free = llm.submit([5, 6], SamplingParams(max_tokens=30))
         stopped = llm.submit([7], SamplingParams(max_tokens=3, json_schema=schema))  # cut mid-grammar
         aborted = llm.submit([8], SamplingParams(max_tokens=30, json_schema=schema),
@@ -105,7 +111,8 @@ def test_stop_and_abort_mid_grammar_free_matchers_and_pages(random_model):
         assert outs[0].finish_reason in ("stop", "length")
         stats = settled_stats(llm)
         assert stats["kv_pages_free"] == stats["kv_pages_total"]
-        assert all(s.constraint is None for s in llm.core.scheduler.running.values())
+        gc.collect()
+        assert len(matchers) == 2 and all(ref() is None for ref in matchers)  # both matchers released
         alone = llm.generate([[5, 6]], SamplingParams(max_tokens=30))[0]
         assert alone.token_ids == outs[0].token_ids  # the constrained neighbours changed nothing
 

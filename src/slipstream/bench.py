@@ -179,7 +179,7 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
         device: str | None, dtype: str, out: Path | None, workload: str = "decode",
         profile: bool = False, constrained: list[float] | None = None) -> list[BenchResult]:
     """Run one workload for every mode and stream count; print a table, write JSON (and PNGs)."""
-    results, profiles, floors = [], {}, {}
+    results, profiles, floors, engine_stats = [], {}, {}, {}
     bar = tqdm(total=len(streams) * len(modes), desc="bench", unit="case")
     bandwidth = None
     for mode in modes:
@@ -209,11 +209,12 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
                 if bandwidth:
                     floors[n] = floor_ms(llm, n, prompt_tokens + max_tokens // 2, bandwidth)
                 bar.update()
+            engine_stats[mode] = llm.stats()
         finally:
             llm.shutdown()
     bar.close()
     print(format_table(results, floors))
-    report = {"results": [asdict(r) for r in results], "copy_bandwidth_bytes_s": bandwidth,
+    report = {"results": [asdict(r) for r in results], "copy_bandwidth_bytes_s": bandwidth, "engine": engine_stats,
               "floor_ms": floors, "profile": {m: p.summary() for m, p in profiles.items()}}
     if profiles:
         print(format_profile(report["profile"]))

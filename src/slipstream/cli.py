@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
 
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="slipstream: %(message)s")
     try:
         if args.command == "generate":
             return _generate(args)

@@ -7,6 +7,7 @@ the copy into the slot's sampled buffer) for steps with no mask, penalty, temper
 All graphs share one memory pool: they run one at a time on the one compute stream."""
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ from tqdm import tqdm
 
 if TYPE_CHECKING:
     from .runner import ModelRunner
+
+log = logging.getLogger("slipstream")
 
 
 class DecodeGraphs:
@@ -43,6 +46,8 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
         self.memory_bytes = torch.cuda.memory_reserved() - before
+        log.info("captured %d decode graphs (buckets %s) in %.1f s; graph memory %.1f MiB", len(self.graphs),
+                 buckets, self.capture_seconds, self.memory_bytes / 2**20)
 
     def __len__(self) -> int:
         return len(self.graphs)
