@@ -27,13 +27,13 @@ class DecodeGraphs:
         width = runner.max_pages_per_seq
         for slot in runner.slots:
             runner.stage_padding(slot, max(buckets))
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_reserved()
         t0 = time.perf_counter()
         with torch.cuda.stream(stream):  # warm-up: compile kernels, create cuBLAS workspaces
             for b in buckets:
                 runner.greedy_tail(runner.slots[0], b, runner.decode_forward(runner.slots[0], b, width))
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # (capture empties the cache too): what grows from here is the graphs' pool
+        before = torch.cuda.memory_reserved()
         pool = torch.cuda.graph_pool_handle()
         todo = [(slot, b, fused) for slot in runner.slots for b in buckets for fused in (False, True)]
         for slot, b, fused in tqdm(todo, desc="capturing CUDA graphs", unit="graph", leave=False):
