@@ -25,10 +25,11 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         stream = runner.layer.compute_stream
         width = runner.max_pages_per_seq
-        for slot in runner.slots:
-            runner.stage_padding(slot, max(buckets))
+        torch.cuda.synchronize()  # weights, cache and slot buffers were made on the default stream
         t0 = time.perf_counter()
         with torch.cuda.stream(stream):  # warm-up: compile kernels, create cuBLAS workspaces
+            for slot in runner.slots:
+                runner.stage_padding(slot, max(buckets))
             for b in buckets:
                 runner.greedy_tail(runner.slots[0], b, runner.decode_forward(runner.slots[0], b, width))
         torch.cuda.synchronize()

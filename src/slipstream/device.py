@@ -57,9 +57,11 @@ class DeviceLayer:
             self.copy_stream = torch.cuda.Stream(device)
 
     def enter_loop_thread(self) -> None:
-        """Make the compute stream current for the calling (loop) thread."""
+        """Make the compute stream current for the calling (loop) thread, once everything start-up
+        queued on other streams (weights, zeroed buffers) has finished: the loop never waits on them."""
         if self.is_cuda:
             torch.cuda.set_device(self.device)
+            torch.cuda.synchronize(self.device)
             torch.cuda.set_stream(self.compute_stream)
 
     def pinned(self, shape: tuple[int, ...] | int, dtype: torch.dtype) -> torch.Tensor:
