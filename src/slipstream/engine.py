@@ -86,6 +86,7 @@ class EngineCore:
             return cfg.num_pages
         per_page = KVCache.bytes_per_page(mc.num_layers, cfg.page_size, mc.num_kv_heads, mc.head_dim, cfg.dtype)
         if cfg.device.type == "cuda":
+            torch.cuda.empty_cache()  # blocks cached from earlier engines in this process count as free
             free, _ = torch.cuda.mem_get_info(cfg.device)
             budget = int(free * cfg.kv_memory_fraction)
         else:
