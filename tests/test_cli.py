@@ -27,3 +27,7 @@ def test_errors_are_messages(tmp_path, capsys):
     assert main(["make-random", "--preset", "nope", "--out", str(tmp_path / "x")]) == 2
     assert main(["generate", "x", "--model", "random:tiny-llama", "--device", "cpu", "--temperature", "-1"]) == 2
     assert "temperature" in capsys.readouterr().err
+    ckpt = tmp_path / "tiny"
+    main(["make-random", "--preset", "tiny-llama", "--out", str(ckpt)])
+    assert main(["bench", "--model", str(ckpt), "--device", "cpu", "--streams", "1", "--profile"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err

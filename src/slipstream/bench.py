@@ -185,6 +185,8 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
     for mode in modes:
         llm = LLM(model, device=device, dtype=dtype, mode=mode, max_num_seqs=max(streams))
         try:
+            if profile and not llm.core.layer.is_cuda:
+                raise ValueError("--profile reads CUDA events on the compute stream: it needs a CUDA device")
             if llm.core.config.device.type == "cuda" and bandwidth is None:
                 bandwidth = copy_bandwidth()
             run_case(llm, max(streams), prompt_tokens, 8, seed=99,  # warm-up (and the grammar's compile)
