@@ -122,3 +122,32 @@ def test_closing_a_stream_early_aborts_the_request(llm):
     stats = settled_stats(llm)
     assert stats["running"] == stats["waiting"] == 0
     assert stats["kv_pages_free"] == stats["kv_pages_total"]
+
+
+@pytest.mark.parametrize("build", ["random", "trained"])
+def test_fast_detokenizer_equals_decode(build, tiny_tokenizer):
+    """The byte-table path streams exactly what tokenizers' own decode gives, for byte-level BPE."""
+    from slipstream.tokenizer import IncrementalDetokenizer
+
+    tok = Tokenizer(build_tokenizer(600) if build == "random" else tiny_tokenizer)
+    assert tok.token_bytes is not None
+    for text in (TEXT, "naïve café — ¡hola! ¿qué? 日本語の🙂🙂 <|im_end|> tail", " \\n\\t spaced  out "):
+        ids = tok.encode(text)
+        detok = IncrementalDetokenizer(tok)
+        pieces = [detok.push(t) for t in ids] + [detok.flush()]
+        assert all("\ufffd" not in p for p in pieces)
+        assert "".join(pieces) == tok.decode(ids)
+
+
+def test_other_decoders_take_the_window_path():
+    from tokenizers import Tokenizer as Fast
+    from tokenizers import decoders, models
+
+    from slipstream.tokenizer import IncrementalDetokenizer
+
+    fast = Fast(models.WordLevel({"▁hello": 0, "▁world": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    fast.decoder = decoders.Metaspace()
+    tok = Tokenizer(fast)
+    assert tok.token_bytes is None
+    detok = IncrementalDetokenizer(tok)
+    assert "".join(detok.push(t) for t in (0, 1)) + detok.flush() == tok.decode([0, 1]) == "hello world"
