@@ -286,3 +286,12 @@ def test_shutdown_fails_pending_requests_instead_of_hanging(tiny_llama):
         llm.result(rid, timeout=5)
     with pytest.raises(RuntimeError, match="shut down"):
         llm.submit([1])
+
+
+def test_prefill_budget_defaults_to_the_model_length(tiny_llama):
+    with make_llm(tiny_llama, max_model_len=128, num_pages=96) as llm:
+        out = llm.generate([[3] * 120], SamplingParams(max_tokens=4))[0]  # one prompt of most of the context
+        assert len(out.token_ids) == 4
+    with make_llm(tiny_llama, max_model_len=128, max_prefill_tokens=64) as llm:
+        with pytest.raises(ValueError, match="more than max_prefill_tokens \\(64\\)"):
+            llm.submit([3] * 100)

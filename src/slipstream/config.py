@@ -51,7 +51,7 @@ class EngineConfig:
     page_size: int = 16
     num_pages: int | None = None
     kv_memory_fraction: float = 0.5
-    max_prefill_tokens: int = 2048
+    max_prefill_tokens: int | None = None  # tokens one prefill step packs; None: the model length
     cpu_kv_bytes: int = 1 << 30
     cuda_graphs: bool = True
 
@@ -66,7 +66,7 @@ class EngineConfig:
             raise ValueError(f"num_pages must be >= 2 (one is the scratch page), got {self.num_pages}")
         if not 0.0 < self.kv_memory_fraction < 1.0:
             raise ValueError(f"kv_memory_fraction must be in (0, 1), got {self.kv_memory_fraction}")
-        if self.max_prefill_tokens < 1:
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         self.device = resolve_device(self.device)
         self.dtype = resolve_dtype(self.dtype, self.device)
