@@ -5,7 +5,10 @@ hand-off of every text delta to a consumer thread, as a server would).
   ignored. Output tokens/s = all output tokens / wall time from the first submit to the last
   result; ms/step = median (and p99) interval between consecutive decode-step commits (DESIGN §5).
 - short: `streams` closed-loop clients, each sending requests of 1-4 output tokens one after the
-  other, so prefill and admission dominate (the point-and-detect case); reports requests/s."""
+  other, so prefill and admission dominate (the point-and-detect case); reports requests/s.
+- zombie: outputs ended by a stop token (a zombie step follows) vs the same tokens ended by max_tokens.
+- constrained (json<fraction>): the decode workload with a fraction of streams under a JSON schema.
+On a GPU each run also measures copy bandwidth and reports the floor (DESIGN §5) beside each figure."""
 from __future__ import annotations
 
 import json
@@ -25,7 +28,7 @@ from .sampling import SamplingParams
 
 @dataclass
 class BenchResult:
-    workload: str  # "decode" | "short"
+    workload: str  # "decode" | "short" | "zombie-eos" | "zombie-len" | "json<fraction>"
     mode: str
     streams: int
     prompt_tokens: int
