@@ -107,3 +107,36 @@ def test_a_failing_callback_on_the_final_text_still_finishes_once(tiny_llama):
     assert finished == [seq] and isinstance(seq.error, ValueError)
     assert seq.finish_reason == "length" and "".join(seen) == "the pipeline"
     assert core.pool.num_free == core.pool.total
+
+
+def test_prefill_in_flight_lets_new_arrivals_wait_for_one_decode_step(tiny_llama):
+    """Each prefill step costs a fixed launch overhead, so with a prefill in flight the next step
+    decodes the running sequences and arrivals gather for one larger prefill after it."""
+    core = make_core(tiny_llama, "pipelined", [])
+    sched = core.scheduler
+    kinds = []
+    launch = core.runner.launch_forward
+    core.runner.launch_forward = lambda step: kinds.append((step.kind, len(step.seqs))) or launch(step)
+    sched.add(core.make_sequence([1, 2], SamplingParams(max_tokens=8), None))
+    sched.tick()  # prefill of the first request, in flight
+    for i in range(3):
+        sched.add(core.make_sequence([3 + i], SamplingParams(max_tokens=8), None))
+    sched.tick()  # decode of the first request; the three arrivals wait
+    sched.tick()  # one prefill for all three
+    assert kinds == [("prefill", 1), ("decode", 1), ("prefill", 3)]
+    run_until(core, lambda: not sched.has_work())
+    assert core.pool.num_free == core.pool.total
+
+
+def test_nothing_to_decode_means_prefill_right_away(tiny_llama):
+    core = make_core(tiny_llama, "pipelined", [])
+    sched = core.scheduler
+    kinds = []
+    launch = core.runner.launch_forward
+    core.runner.launch_forward = lambda step: kinds.append(step.kind) or launch(step)
+    sched.add(core.make_sequence([1], SamplingParams(max_tokens=1), None))
+    sched.tick()
+    sched.add(core.make_sequence([2], SamplingParams(max_tokens=1), None))
+    sched.tick()  # the first request needs no decode step (max_tokens=1): the second prefills now
+    assert kinds == ["prefill", "prefill"]
+    run_until(core, lambda: not sched.has_work())

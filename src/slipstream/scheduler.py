@@ -102,7 +102,12 @@ class Scheduler:
             self.runner.profiler.tick(start, time.perf_counter(), self.waited)
 
     def _launch_next(self) -> bool:
-        step = self._plan_prefill() or self._plan_decode()
+        if self.pipeline.inflight and self.pipeline.inflight[-1].kind == "prefill":
+            # A prefill is in flight: decode first, so the requests arriving meanwhile share the
+            # next prefill (each prefill step has a fixed launch cost, whatever its size).
+            step = self._plan_decode() or self._plan_prefill()
+        else:
+            step = self._plan_prefill() or self._plan_decode()
         if step is None:
             return False
         self.pipeline.launch(step)
