@@ -20,12 +20,10 @@ from .sampling import SamplerInputs, sample, top_logprobs
 from .slot import DecodeSlot
 
 ALL_ALLOWED = np.int32(-1)
-_PER_ROW_PARAMS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty")
+# SamplingParams fields staged per row, with the value that leaves a (padded) row greedy and unpenalized
 _NEUTRAL = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
             "presence_penalty": 0.0, "frequency_penalty": 0.0}
-_SAMPLER_FIELDS = ("temperature", "seeds", "token_index", "top_k", "top_p", "min_p", "repetition_penalty",
-                   "presence_penalty", "frequency_penalty")
+_PER_ROW_PARAMS = tuple(_NEUTRAL)
 
 
 @dataclass
@@ -186,8 +184,9 @@ class ModelRunner:
                 self.layer.upload(slot.mask_dev[:rows], slot.mask_host[:rows])
                 mask = slot.mask_dev[:rows]
             row_ids = d["rows"][:rows]
-            inputs = SamplerInputs(*(d[name][:rows] for name in _SAMPLER_FIELDS), flags.any_random,
-                                   flags.any_filter, flags.any_penalty)
+            inputs = SamplerInputs(seeds=d["seeds"][:rows], token_index=d["token_index"][:rows],
+                                   **{name: d[name][:rows] for name in _PER_ROW_PARAMS}, any_random=flags.any_random,
+                                   any_filter=flags.any_filter, any_penalty=flags.any_penalty)
             counts = self.counts[row_ids] if flags.any_penalty else None
             prompt_mask = self.prompt_mask[row_ids] if flags.any_penalty else None
             tokens = sample(slot.logits, inputs, mask, counts, prompt_mask)

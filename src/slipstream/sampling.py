@@ -33,6 +33,7 @@ class TokenConstraint(Protocol):
 
 
 MAX_LOGPROBS = 20
+GRAMMAR_OPTIONS = ("json_schema", "json_object", "regex", "choice", "grammar")  # structured output, one at most
 
 
 @dataclass
@@ -97,8 +98,7 @@ class SamplingParams:
              "stop_token_ids must be non-negative integers", self.stop_token_ids)
         need(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
              f"logprobs must be an integer in [0, {MAX_LOGPROBS}]", self.logprobs)
-        asked = [name for name in ("json_schema", "json_object", "regex", "choice", "grammar", "constraint")
-                 if getattr(self, name) not in (None, False)]
+        asked = [name for name in (*GRAMMAR_OPTIONS, "constraint") if getattr(self, name) not in (None, False)]
         need(len(asked) <= 1, "give at most one of json_schema, json_object, regex, choice, grammar", asked)
         need(self.json_schema is None or isinstance(self.json_schema, (dict, str)), "json_schema must be a dict or a "
              "JSON string", self.json_schema)
@@ -113,10 +113,10 @@ class SamplingParams:
     @property
     def grammar_option(self) -> tuple[str, object] | None:
         """(option name, value) of the structured-output option asked for, if any."""
-        for name in ("json_schema", "regex", "choice", "grammar"):
-            if getattr(self, name) is not None:
+        for name in GRAMMAR_OPTIONS:
+            if getattr(self, name) not in (None, False):
                 return name, getattr(self, name)
-        return ("json_object", True) if self.json_object else None
+        return None
 
     @property
     def penalized(self) -> bool:

@@ -10,6 +10,7 @@ class TextStream:
     def __init__(self, tokenizer: Tokenizer, stop: list[str]) -> None:
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stop = stop
+        self.longest_stop = max((len(s) for s in stop), default=0)
         self.text = ""
         self.emitted = 0
         self.stopped = False  # a stop string appeared; text ends just before it
@@ -28,7 +29,7 @@ class TextStream:
     def _append(self, piece: str) -> None:
         if not piece or self.stopped:
             return
-        start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
+        start = max(0, len(self.text) - self.longest_stop + 1)
         self.text += piece
         hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
         if hits:

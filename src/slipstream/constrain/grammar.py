@@ -15,8 +15,6 @@ import torch
 
 from ..tokenizer import Tokenizer
 
-GRAMMAR_OPTIONS = ("json_schema", "json_object", "regex", "choice", "grammar")
-
 
 class GrammarConstraint:
     """One request's XGrammar matcher behind the engine's TokenConstraint hook."""
