@@ -89,3 +89,77 @@ def test_rope_and_store_matches_reference(h, kvh, d, rot, dtype):
     for got, want in zip(pages, ref_pages):
         flat_got, flat_want = got.view(-1, kvh, d)[slots], want.view(-1, kvh, d)[slots]
         assert ((flat_got.double() - flat_want.double()).norm() / flat_want.double().norm()) < tol
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 48, 64), (5, 32, 192), (16, 40, 96), (33, 64, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias,act,residual,glu", [(False, None, False, False), (True, "gelu_tanh", False, False),
+                                                   (True, "gelu", True, False), (True, None, True, False),
+                                                   (False, None, True, True)])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_skinny_linear_matches_reference(m, n, k, dtype, bias, act, residual, glu, split_k):
+    """Uneven N and K exercise the masked tiles, a strided x (a column slice) the row stride, split-K
+    (3 ranges, the last one short) the partial sums and the arrival counters; the second launch
+    checks that the first left its counters reset."""
+    from slipstream.kernels.linear import linear_reference
+    from slipstream.kernels.skinny_gemm import Config, skinny_linear
+
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    def mk(*shape):
+        return (torch.randn(*shape, generator=g) / 4).to(dtype).to(DEVICE)
+
+    x = mk(m, (2 * k if glu else k) + 8)[:, 8:]
+    w, b, r = mk(n, k), mk(n) if bias else None, mk(m, n) if residual else None
+    ref = linear_reference(x.double(), w.double(), None if b is None else b.double(), act,
+                           None if r is None else r.double(), glu)
+    for out_dtype in (None, torch.float32):
+        out = torch.full((m, n), float("nan"), dtype=out_dtype or dtype, device=DEVICE)
+        skinny_linear(x, w, b, act, r, glu, config=Config(16, 32, 4, 1, split_k), out=out)
+        err = (out.double() - ref).norm() / ref.norm()
+        assert torch.isfinite(out).all() and err < (1e-5 if dtype == torch.float32 else 1e-2), err
+
+
+def test_linear_dispatch_agrees_with_reference_in_bf16():
+    """The fused kernel rounds where torch rounds (after the GEMM, the activation, the residual add), so
+    the two paths differ only by accumulation order."""
+    from slipstream.kernels.linear import linear_reference
+    from slipstream.kernels.skinny_gemm import skinny_linear
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b, r = (torch.randn(*s, generator=g).to(torch.bfloat16).to(DEVICE) for s in ((4, 64), (32, 64), (32,), (4, 32)))
+    got = skinny_linear(x, w, b, "gelu_tanh", r)
+    want = linear_reference(x, w, b, "gelu_tanh", r)
+    assert (got.float() - want.float()).abs().max() <= 2 * want.float().abs().max() * 2 ** -8
+
+
+@pytest.mark.parametrize("rows,d", [(1, 64), (7, 96), (32, 896)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_kernel_matches_transformers_formula(rows, d, dtype):
+    from slipstream.kernels.rms_norm import rms_norm
+
+    g = torch.Generator().manual_seed(rows + d)
+    x = (torch.randn(rows, d + 16, generator=g) * 3).to(dtype).to(DEVICE)[:, 16:]  # strided rows
+    w = torch.randn(d, generator=g).to(dtype).to(DEVICE)
+    xf = x.float()
+    want = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    got = torch.full_like(want, float("nan"), dtype=dtype)
+    rms_norm(x, w, 1e-6, out=got)
+    err = (got.double() - want.double()).norm() / want.double().norm()
+    assert got.dtype == dtype and err < (1e-6 if dtype == torch.float32 else 1e-2), err
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_skinny_linear_activation_from_a_column_into_a_wider_buffer(split_k):
+    """Phi's fused [qkv; fc1] GEMM: GELU only on the columns from `act_from`, written into the left part
+    of a wider activation buffer whose other columns stay untouched."""
+    from slipstream.kernels.linear import linear_reference
+    from slipstream.kernels.skinny_gemm import Config, skinny_linear
+
+    g = torch.Generator().manual_seed(split_k)
+    x, w, b = (torch.randn(*s, generator=g).to(DEVICE) for s in ((3, 64), (48, 64), (48,)))
+    buf = torch.full((3, 48 + 16), float("nan"), device=DEVICE)
+    skinny_linear(x, w, b, "gelu_tanh", act_from=32, out=buf[:, :48], config=Config(16, 32, 4, 1, split_k))
+    ref = linear_reference(x.double(), w.double(), b.double(), "gelu_tanh", act_from=32)
+    assert torch.allclose(buf[:, :32].double(), ref[:, :32], atol=1e-5)  # no activation on the first 32
+    assert torch.allclose(buf[:, 32:48].double(), ref[:, 32:], atol=1e-5)
+    assert torch.isnan(buf[:, 48:]).all()

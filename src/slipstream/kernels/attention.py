@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import HAS_TRITON
+
 
 @dataclass
 class AttentionInputs:
@@ -33,28 +35,31 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                            attn: AttentionInputs, pages: tuple[torch.Tensor, torch.Tensor],
-                           scale: float) -> torch.Tensor:
+                           scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary on q and k, the KV write into the pages, then attention: [tokens, heads, head_dim] in
-    and out. CUDA decode steps use the Triton kernels (two launches); everything else the torch path."""
+    and out (into `out` when given). CUDA decode steps use the Triton kernels (two launches);
+    everything else the torch path."""
     if not attn.is_prefill and q.is_cuda and _triton_decode(q.shape[-1], pages[0].shape[1]):
         from .paged_decode import paged_decode_attention
         from .rope_store import rope_and_store
 
         q = rope_and_store(q, k, v, *rope, *pages, attn.slot_mapping)
-        return paged_decode_attention(q, *pages, attn.page_table, attn.context_lens, scale)
+        return paged_decode_attention(q, *pages, attn.page_table, attn.context_lens, scale, out)
     q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
     write_kv(*pages, k, v, attn.slot_mapping)
     if attn.is_prefill:
-        return prefill_attention(q, k, v, attn.seq_lens, scale)
-    return decode_attention(q, *pages, attn.page_table, attn.context_lens, scale)
+        o = prefill_attention(q, k, v, attn.seq_lens, scale)
+    else:
+        o = decode_attention(q, *pages, attn.page_table, attn.context_lens, scale)
+    return o if out is None else out.copy_(o)
 
 
 def _triton_decode(head_dim: int, page_size: int) -> bool:
     """The Triton kernels serve CUDA decode steps where their tile shapes fit (else the reference)."""
-    try:
-        from .paged_decode import supported
-    except ImportError:
+    if not HAS_TRITON:
         return False
+    from .paged_decode import supported
+
     return supported(head_dim, page_size)
 
 

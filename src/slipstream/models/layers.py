@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import HAS_TRITON
 from .config import ModelConfig
 
 
@@ -17,7 +18,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """As transformers computes it: normalize in fp32, cast back, then scale."""
+        """As transformers computes it: normalize in fp32, cast back, then scale (on CUDA, rows of
+        hidden states in one Triton launch)."""
+        if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1 and HAS_TRITON:
+            from ..kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 

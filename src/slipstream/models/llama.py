@@ -4,10 +4,10 @@ so a HF state dict loads as it is."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attention import AttentionInputs, rotary_paged_attention
+from ..kernels.linear import linear
 from ..kv_cache import KVCache
 from .config import ModelConfig
 from .layers import RMSNorm, Rotary, fuse_linears
@@ -37,14 +37,20 @@ class Attention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
-                pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        t = x.shape[0]
-        qkv = self.qkv_proj(x).view(t, self.h + 2 * self.kvh, self.d)
-        q, k, v = qkv.split([self.h, self.kvh, self.kvh], dim=1)
+                pages: tuple[torch.Tensor, torch.Tensor], residual: torch.Tensor) -> torch.Tensor:
+        """`residual` + attention of `x` (the sum is the output projection's epilogue)."""
+        qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        o = self.attend(qkv, rope, attn, pages).flatten(1)
+        out = getattr(self, self.out_name)
+        return linear(o, out.weight, out.bias, residual=residual)
+
+    def attend(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
+               pages: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Projected q/k/v [tokens, (H + 2 KVH) * D] (rows may be strided) -> attention [tokens, H, D]."""
+        q, k, v = qkv.view(qkv.shape[0], self.h + 2 * self.kvh, self.d).split([self.h, self.kvh, self.kvh], dim=1)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        o = rotary_paged_attention(q, k, v, rope, attn, pages, self.scale)
-        return getattr(self, self.out_name)(o.reshape(t, self.h * self.d))
+        return rotary_paged_attention(q, k, v, rope, attn, pages, self.scale, out)
 
 
 class LlamaMLP(nn.Module):
@@ -58,9 +64,10 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = fuse_linears(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """`residual` + down(silu(gate) * up): SwiGLU is the down projection's prologue."""
+        gate_up = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
+        return linear(gate_up, self.down_proj.weight, self.down_proj.bias, residual=residual, glu=True)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -71,10 +78,14 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 
+    def fuse(self) -> None:
+        self.self_attn.fuse()
+        self.mlp.fuse()
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, attn, pages)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(self.input_layernorm(x), rope, attn, pages, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class LlamaBackbone(nn.Module):
@@ -101,10 +112,9 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def fuse(self) -> None:
-        """After loading: merge projections that read the same input into single GEMMs."""
-        for module in self.modules():
-            if module is not self and hasattr(module, "fuse"):
-                module.fuse()
+        """After loading (under HF's names): merge projections into fewer, larger GEMMs."""
+        for layer in self.model.layers:
+            layer.fuse()
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionInputs, kv: KVCache,
                 logits_index: torch.Tensor | None) -> torch.Tensor:
@@ -115,7 +125,8 @@ class CausalLM(nn.Module):
             x = layer(x, rope, attn, kv.layer(i))
         if logits_index is not None:
             x = x[logits_index]
-        return self.lm_head(getattr(self.model, self.final_norm)(x)).float()
+        x = getattr(self.model, self.final_norm)(x)
+        return linear(x, self.lm_head.weight, self.lm_head.bias, out_dtype=torch.float32)
 
 
 class LlamaForCausalLM(CausalLM):

@@ -3,11 +3,12 @@ off one normalized input, partial rotary, biases everywhere, an untied LM head w
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attention import AttentionInputs
+from ..kernels.linear import linear
 from .config import ModelConfig
+from .layers import fuse_linears
 from .llama import Attention, CausalLM
 
 
@@ -16,23 +17,43 @@ class PhiMLP(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.approximate = "none" if cfg.hidden_act == "gelu" else "tanh"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
 
 
 class PhiDecoderLayer(nn.Module):
+    """Attention and MLP read the same normalized input and their outputs are summed, so after
+    `fuse` a layer is two GEMMs around the attention: `in_proj` = [q; k; v; fc1] (GELU on the fc1
+    columns) and `out_proj` = [fc2 | dense] over the concatenated [gelu(fc1) | attention] features
+    (biases summed, residual added in its epilogue). They share one activation buffer,
+    [qkv | gelu(fc1) | attention], which each kernel writes in place."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, out_name="dense")
         self.mlp = PhiMLP(cfg)
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.act = "gelu" if cfg.hidden_act == "gelu" else "gelu_tanh"
+        self.qkv_width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        self.mlp_width = cfg.intermediate_size
+
+    def fuse(self) -> None:
+        a, m = self.self_attn, self.mlp
+        self.in_proj = fuse_linears(a.q_proj, a.k_proj, a.v_proj, m.fc1)
+        w = torch.cat([m.fc2.weight, a.dense.weight], dim=1)
+        self.out_proj = nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
+        self.out_proj.weight = nn.Parameter(w, requires_grad=False)
+        self.out_proj.bias = nn.Parameter(m.fc2.bias + a.dense.bias, requires_grad=False)
+        del a.q_proj, a.k_proj, a.v_proj, a.dense, self.mlp
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        h = self.input_layernorm(x)
-        return x + self.self_attn(h, rope, attn, pages) + self.mlp(h)
+        t = x.shape[0]
+        split = self.qkv_width + self.mlp_width
+        buf = torch.empty(t, split + x.shape[1], dtype=x.dtype, device=x.device)
+        linear(self.input_layernorm(x), self.in_proj.weight, self.in_proj.bias, act=self.act,
+               act_from=self.qkv_width, out=buf[:, :split])
+        a = self.self_attn
+        a.attend(buf[:, : self.qkv_width], rope, attn, pages, out=buf[:, split:].view(t, a.h, a.d))
+        return linear(buf[:, self.qkv_width:], self.out_proj.weight, self.out_proj.bias, residual=x)
 
 
 class PhiBackbone(nn.Module):

@@ -1,0 +1,179 @@
+"""Triton: `y = act(x @ W.T + bias) + residual` for decode's few rows (M <= 64), with the epilogue
+(bias, GELU, residual add, the cast to the output dtype) and an optional SwiGLU prologue
+(`silu(gate) * up` of a [M, 2K] input) fused in.
+
+At decode batch sizes a linear layer is a stream over its weights: each program owns BLOCK_N
+output features for all M rows and walks K, so every weight byte is read once; x (a few KB) stays
+in L2. cuBLAS reaches ~60% of copy bandwidth at these shapes and needs separate kernels for the
+activation and the residual add; fusing them removes launches, which at ~2-3 us each are most of
+a small model's step. Intermediate results are rounded to the activation dtype where the unfused
+torch path rounds them, so both paths give the same numbers up to accumulation order."""
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2}
+
+
+class Config(NamedTuple):
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1
+
+
+@triton.jit
+def _gelu(y, ACT: tl.constexpr):
+    if ACT == 1:  # tanh approximation (HF gelu_new / gelu_pytorch_tanh)
+        inner = tl.minimum(tl.maximum(0.7978845608028654 * (y + 0.044715 * y * y * y), -20.0), 20.0)
+        t = 2.0 / (1.0 + tl.exp(-2.0 * inner)) - 1.0  # tanh (saturated well before exp overflows)
+        y = 0.5 * y * (1.0 + t)
+    elif ACT == 2:
+        y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
+    return y
+
+
+@triton.jit
+def _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr):
+    row_ok = rm < M
+    col_ok = rn < N
+    y = acc
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
+    y = y.to(act_dtype).to(tl.float32)
+    if ACT != 0:
+        y = tl.where(rn[None, :] >= ACT_FROM, _gelu(y, ACT).to(act_dtype).to(tl.float32), y)
+    mask = row_ok[:, None] & col_ok[None, :]
+    if HAS_RES:
+        y += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
+        y = y.to(act_dtype).to(tl.float32)
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, M, N, K, K_SPLIT, ACT_FROM,
+                          stride_xm, stride_wn, stride_rm, stride_om,
+                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, GLU: tl.constexpr,
+                          UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
+    each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
+    sums the partials in split order (deterministic), runs the epilogue and resets the counter."""
+    act_dtype = x_ptr.dtype.element_ty
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    row_ok = rm < M
+    col_ok = rn < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    k_start = pid_k * K_SPLIT
+    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
+        kk = k0 + rk
+        w_ptrs = w_ptr + rn[:, None] * stride_wn + kk[None, :]
+        x_ptrs = x_ptr + rm[:, None] * stride_xm + kk[None, :]
+        if EVEN_K:
+            w = tl.load(w_ptrs) if EVEN_N else tl.load(w_ptrs, mask=col_ok[:, None], other=0.0)
+            x_mask = row_ok[:, None]
+        else:
+            w = tl.load(w_ptrs, mask=col_ok[:, None] & (kk[None, :] < K), other=0.0)
+            x_mask = row_ok[:, None] & (kk[None, :] < K)
+        if GLU:  # x holds [gate | up]; the GEMM input is silu(gate) * up, rounded as torch rounds it
+            gate = tl.load(x_ptrs, mask=x_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_ptrs + K, mask=x_mask, other=0.0).to(tl.float32)
+            silu = (gate / (1.0 + tl.exp(-gate))).to(act_dtype).to(tl.float32)
+            x = (silu * up).to(act_dtype)
+        else:
+            x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        if UPCAST:  # fp32 inputs, or bf16 in the CPU interpreter
+            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(x, tl.trans(w))
+    if SPLIT_K == 1:
+        _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
+                  HAS_BIAS, HAS_RES, ACT)
+    else:
+        tile = rm[:, None] * N + rn[None, :]
+        tile_ok = row_ok[:, None] & col_ok[None, :]
+        tl.store(partial_ptr + pid_k * M * N + tile, acc, mask=tile_ok)
+        tl.debug_barrier()  # every thread's partial is written before the arrival is counted
+        if tl.atomic_add(arrivals_ptr + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in range(SPLIT_K):
+                acc += tl.load(partial_ptr + s * M * N + tile, mask=tile_ok, other=0.0, cache_modifier=".cg")
+            _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
+                      HAS_BIAS, HAS_RES, ACT)
+            tl.atomic_xchg(arrivals_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
+
+
+def default_config(m: int, n: int, k: int) -> Config:
+    """The launch configuration for an (M, N, K) problem, from `scripts/gemm_sweep.py` on the H200
+    (docs/kernel-notes.md). Enough programs must stream weights at once to cover the SMs about
+    twice: wide layers get there with BLOCK_N tiles alone, narrow-and-deep ones (down projections,
+    fc2) split K."""
+    if INTERPRET:
+        return Config(16, 32, 4, 1, 2 if k >= 64 else 1)
+    block_n = 16 if n < 4096 else (64 if m > 32 else 32)
+    block_k = 128
+    tiles = triton.cdiv(n, block_n)
+    split = max(1, min(2 * _sm_count() // tiles, triton.cdiv(k, block_k) // 4, 8))
+    return Config(block_n, block_k, 4, 4, split)
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
+                  residual: torch.Tensor | None = None, glu: bool = False, out_dtype: torch.dtype | None = None,
+                  act_from: int = 0, out: torch.Tensor | None = None, config: Config | None = None) -> torch.Tensor:
+    """x [M, K] (or [M, 2K] with glu), weight [N, K] -> [M, N] with M <= 64; the activation applies
+    to output columns from `act_from` on. Rows of x, residual and out may be strided; features must
+    be contiguous."""
+    m = x.shape[0]
+    n, k = weight.shape
+    assert m <= 64 and x.shape[1] == (2 * k if glu else k), (x.shape, weight.shape, glu)
+    assert x.stride(-1) == 1 and weight.stride(-1) == 1 and (out is None or out.stride(-1) == 1)
+    cfg = config or default_config(m, n, k)
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    tiles = triton.cdiv(n, cfg.block_n)
+    k_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
+    partial, arrivals = out, out
+    if cfg.split_k > 1:
+        partial = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
+        arrivals = _arrival_counters(x.device, tiles)
+    _skinny_linear_kernel[(tiles, cfg.split_k)](
+        x, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
+        partial, arrivals, m, n, k, k_split, act_from,
+        x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act], GLU=glu,
+        UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
+        SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+_ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per output tile, shared by every split-K launch on the current
+    stream (launches on one stream run one after another, and each leaves its counters at zero).
+    Made outside graph capture: the decode graphs' warm-up calls every shape first."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    counters = _ARRIVALS.get(key)
+    if counters is None or counters.numel() < tiles:
+        counters = _ARRIVALS[key] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    return counters
+
+
+@functools.cache
+def _sm_count() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
