@@ -64,11 +64,29 @@ class ModelRunner:
         self.max_pages_per_seq = max_pages_per_seq
         self.profiler = None  # a StepProfiler while `bench --profile` measures
         self.graphs = None
+        if layer.is_cuda:
+            self._warm_up_prefill(max_step_tokens)
         if cuda_graphs and layer.is_cuda:
             from .cuda_graphs import DecodeGraphs
 
             buckets = sorted({decode_bucket(n, max_num_seqs) for n in range(1, max_num_seqs + 1)})
             self.graphs = DecodeGraphs(self, buckets)
+
+    def _warm_up_prefill(self, max_step_tokens: int) -> None:
+        """Run a prefill of 16, 32 and 64 tokens (KV into the scratch page) so the kernels a short
+        prompt uses (the skinny GEMM compiles per block of 16/32/64 rows) are compiled at start-up,
+        not at the first request that needs them."""
+        device, ps = self.layer.device, self.page_size
+        torch.cuda.synchronize()
+        with torch.cuda.stream(self.layer.compute_stream):
+            for n in (16, 32, 64):
+                if n > max_step_tokens:
+                    break
+                positions = torch.arange(n, device=device)
+                attn = AttentionInputs(True, SCRATCH_PAGE * ps + positions % ps, seq_lens=[n])
+                self.model(torch.zeros(n, dtype=torch.int64, device=device), positions, attn, self.kv,
+                           positions[-1:])
+        torch.cuda.synchronize()
 
     def launch_forward(self, step: Step) -> None:
         """Stage metadata for `step` (sequences as planned, before their counters advance) and queue

@@ -1,4 +1,4 @@
-"""The models' linear layer with its neighbours fused: `act(glu(x) @ W.T + bias) + residual`.
+"""The models' linear layer with its neighbours fused: `act(x @ W.T + bias) + residual`.
 
 Decode steps on CUDA (at most MAX_ROWS rows) run the Triton skinny GEMM, one launch
 with the prologue and epilogue inside; everything else (prefill, the CPU) runs the torch reference,
@@ -14,13 +14,13 @@ MAX_ROWS = 64  # decode batches up to this size run the skinny GEMM
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
-                     residual: torch.Tensor | None = None, glu: bool = False, out_dtype: torch.dtype | None = None,
-                     act_from: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
-    if glu:
-        gate, up = x.chunk(2, dim=-1)
-        x = F.silu(gate) * up
+                     residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     y = F.linear(x, weight, bias)
-    if act is not None:
+    if act == "swiglu":
+        gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
+        y = F.silu(gate) * up
+    elif act is not None:
         gelu = F.gelu(y[:, act_from:], approximate="tanh" if act == "gelu_tanh" else "none")
         y = torch.cat([y[:, :act_from], gelu], dim=1) if act_from else gelu
     if residual is not None:
@@ -31,14 +31,20 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
-           residual: torch.Tensor | None = None, glu: bool = False, out_dtype: torch.dtype | None = None,
-           act_from: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [rows, K] (or [rows, 2K] with `glu`: silu of the first half times the second) -> [rows, N].
-    `act` (None, "gelu_tanh" or "gelu") applies to the output columns from `act_from` on;
-    `residual` [rows, N] is added last; `out` (a view, e.g. columns of a wider buffer) receives it."""
+           residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, K] -> [rows, N]. `act`: None; "gelu_tanh" or "gelu", applied to the output columns
+    from `act_from` on; or "swiglu", for weight rows interleaving gate and up (see
+    `interleave_gate_up`), giving [rows, N / 2]. `residual` is added last; `out` (a view, e.g.
+    columns of a wider buffer) receives the result."""
     if HAS_TRITON and x.is_cuda and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.stride(-1) == 1:
         from .skinny_gemm import skinny_linear
 
-        return skinny_linear(x, weight, bias, act, residual, glu, out_dtype, act_from, out)
-    return linear_reference(x, weight, bias, act, residual, glu, out_dtype, act_from, out)
+        return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out)
+    return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out)
 
+
+def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Rows [g0, u0, g1, u1, ...]: every output tile of the GEMM then holds matching gate and up
+    features, so SwiGLU runs in its epilogue."""
+    return torch.stack([gate, up], dim=1).flatten(0, 1)

@@ -13,14 +13,19 @@ import torch
 import triton
 import triton.language as tl
 
+from .skinny_gemm import use_pdl
+
 
 @triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_lens_ptr, scale,
                          stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                         PAGES_PER_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
+                         PAGES_PER_BLOCK: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
+    if PDL:  # everything it reads comes from earlier kernels (see skinny_gemm)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     ctx = tl.load(context_lens_ptr + row)
     g = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + g
@@ -72,5 +77,6 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         out.stride(0), out.stride(1), page_table.stride(0),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page,
         PAGES_PER_BLOCK=pages_per_block,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=use_pdl(), num_warps=num_warps,
+        **({"launch_pdl": True} if use_pdl() else {}))
     return out

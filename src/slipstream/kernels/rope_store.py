@@ -10,14 +10,19 @@ import torch
 import triton
 import triton.language as tl
 
+from .skinny_gemm import use_pdl
+
 
 @triton.jit
 def _rope_store_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_pages_ptr, v_pages_ptr, slot_ptr,
                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ct,
                        stride_ot, stride_oh, stride_ps, stride_ph,
-                       NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROT: tl.constexpr):
+                       NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROT: tl.constexpr, PDL: tl.constexpr):
     t = tl.program_id(0)
     head = tl.program_id(1)
+    if PDL:  # everything it reads comes from earlier kernels (see skinny_gemm)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     i = tl.arange(0, HEAD_DIM)
     half: tl.constexpr = ROT // 2
     rotated = i < ROT
@@ -63,5 +68,5 @@ def rope_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         q, k, v, cos2, sin2, out, kp, vp, slot_mapping,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos2.stride(0),
         out.stride(0), out.stride(1), kp.stride(0), kp.stride(1),
-        NUM_Q_HEADS=h, HEAD_DIM=d, ROT=rot)
+        NUM_Q_HEADS=h, HEAD_DIM=d, ROT=rot, PDL=use_pdl(), **({"launch_pdl": True} if use_pdl() else {}))
     return out

@@ -1,13 +1,17 @@
 """Triton: `y = act(x @ W.T + bias) + residual` for decode's few rows (M <= 64), with the epilogue
-(bias, GELU, residual add, the cast to the output dtype) and an optional SwiGLU prologue
-(`silu(gate) * up` of a [M, 2K] input) fused in.
+(bias, GELU or SwiGLU, residual add, the cast to the output dtype) fused in.
 
 At decode batch sizes a linear layer is a stream over its weights: each program owns BLOCK_N
-output features for all M rows and walks K, so every weight byte is read once; x (a few KB) stays
-in L2. cuBLAS reaches ~60% of copy bandwidth at these shapes and needs separate kernels for the
-activation and the residual add; fusing them removes launches, which at ~2-3 us each are most of
-a small model's step. Intermediate results are rounded to the activation dtype where the unfused
-torch path rounds them, so both paths give the same numbers up to accumulation order."""
+output features for all M rows and walks K (or a slice of it: split-K), so every weight byte is
+read once; x (a few KB) stays in L2. cuBLAS reaches ~60% of copy bandwidth at these shapes and
+needs separate kernels for the activation and the residual add; fusing them removes launches,
+which at ~3 us each are most of a small model's step. Intermediate results are rounded to the
+activation dtype where the unfused torch path rounds them, so both paths give the same numbers up
+to accumulation order.
+
+On Hopper the kernels of a step launch with programmatic dependent launch (PDL): a kernel's
+programs start while the previous kernel drains and wait (`gdc_wait`) only before they read
+activations, hiding most of the launch gap between dependent kernels."""
 from __future__ import annotations
 
 import functools
@@ -19,7 +23,7 @@ import triton
 import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2}
+ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2, "swiglu": 3}
 
 
 class Config(NamedTuple):
@@ -28,6 +32,14 @@ class Config(NamedTuple):
     num_warps: int
     num_stages: int
     split_k: int = 1
+
+
+@functools.cache
+def use_pdl() -> bool:
+    """Programmatic dependent launch: compiled GPU kernels on compute capability 9.0 and later,
+    unless SLIPSTREAM_PDL=0 (for measuring what it buys, or a driver that mishandles it)."""
+    return (not INTERPRET and os.environ.get("SLIPSTREAM_PDL") != "0" and torch.cuda.is_available()
+            and torch.cuda.get_device_capability()[0] >= 9)
 
 
 @triton.jit
@@ -43,28 +55,34 @@ def _gelu(y, ACT: tl.constexpr):
 
 @triton.jit
 def _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype: tl.constexpr,
-              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr):
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr):
     row_ok = rm < M
-    col_ok = rn < N
     y = acc
     if HAS_BIAS:
-        y += tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
+        y += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
     y = y.to(act_dtype).to(tl.float32)
-    if ACT != 0:
+    if ACT == 3:  # SwiGLU over interleaved [gate, up] weight rows: output column j = silu(y[2j]) * y[2j+1]
+        gate, up = tl.split(tl.reshape(y, [BLOCK_M, BLOCK_N // 2, 2]))
+        silu = (gate / (1.0 + tl.exp(-gate))).to(act_dtype).to(tl.float32)
+        y = silu * up
+        rn = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        N = N // 2
+    elif ACT != 0:
         y = tl.where(rn[None, :] >= ACT_FROM, _gelu(y, ACT).to(act_dtype).to(tl.float32), y)
-    mask = row_ok[:, None] & col_ok[None, :]
+    mask = row_ok[:, None] & (rn < N)[None, :]
     if HAS_RES:
-        y += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
         y = y.to(act_dtype).to(tl.float32)
+        y += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, M, N, K, K_SPLIT, ACT_FROM,
-                          stride_xm, stride_wn, stride_rm, stride_om,
-                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, GLU: tl.constexpr,
-                          UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr):
+def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, M, N, K, K_SPLIT,
+                          ACT_FROM, stride_xm, stride_wn, stride_rm, stride_om,
+                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, UPCAST: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
     sums the partials in split order (deterministic), runs the epilogue and resets the counter."""
@@ -78,30 +96,26 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     col_ok = rn < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_start = pid_k * K_SPLIT
+    if PDL:  # x (and the arrival counters) come from earlier kernels
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
         kk = k0 + rk
         w_ptrs = w_ptr + rn[:, None] * stride_wn + kk[None, :]
         x_ptrs = x_ptr + rm[:, None] * stride_xm + kk[None, :]
         if EVEN_K:
             w = tl.load(w_ptrs) if EVEN_N else tl.load(w_ptrs, mask=col_ok[:, None], other=0.0)
-            x_mask = row_ok[:, None]
+            x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
         else:
             w = tl.load(w_ptrs, mask=col_ok[:, None] & (kk[None, :] < K), other=0.0)
-            x_mask = row_ok[:, None] & (kk[None, :] < K)
-        if GLU:  # x holds [gate | up]; the GEMM input is silu(gate) * up, rounded as torch rounds it
-            gate = tl.load(x_ptrs, mask=x_mask, other=0.0).to(tl.float32)
-            up = tl.load(x_ptrs + K, mask=x_mask, other=0.0).to(tl.float32)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(act_dtype).to(tl.float32)
-            x = (silu * up).to(act_dtype)
-        else:
-            x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+            x = tl.load(x_ptrs, mask=row_ok[:, None] & (kk[None, :] < K), other=0.0)
         if UPCAST:  # fp32 inputs, or bf16 in the CPU interpreter
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(w))
     if SPLIT_K == 1:
         _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
-                  HAS_BIAS, HAS_RES, ACT)
+                  HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
     else:
         tile = rm[:, None] * N + rn[None, :]
         tile_ok = row_ok[:, None] & col_ok[None, :]
@@ -112,37 +126,38 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             for s in range(SPLIT_K):
                 acc += tl.load(partial_ptr + s * M * N + tile, mask=tile_ok, other=0.0, cache_modifier=".cg")
             _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
-                      HAS_BIAS, HAS_RES, ACT)
+                      HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
             tl.atomic_xchg(arrivals_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
 
 
 def default_config(m: int, n: int, k: int) -> Config:
     """The launch configuration for an (M, N, K) problem, from `scripts/gemm_sweep.py` on the H200
-    (docs/kernel-notes.md). Enough programs must stream weights at once to cover the SMs about
-    twice: wide layers get there with BLOCK_N tiles alone, narrow-and-deep ones (down projections,
-    fc2) split K."""
+    (docs/kernel-notes.md). Enough programs must stream weights at once to cover the SMs several
+    times: wide layers get there with BLOCK_N tiles alone, narrow-and-deep ones (down projections,
+    Phi's [fc2 | dense]) split K."""
     if INTERPRET:
         return Config(16, 32, 4, 1, 2 if k >= 64 else 1)
-    block_n = 16 if n < 4096 else (64 if m > 32 else 32)
+    block_n = 16 if n < 2048 else (64 if m > 32 and n >= 4096 else 32)
     block_k = 128
     tiles = triton.cdiv(n, block_n)
-    split = max(1, min(2 * _sm_count() // tiles, triton.cdiv(k, block_k) // 4, 8))
+    split = max(1, min(4 * _sm_count() // tiles, triton.cdiv(k, block_k) // 4, 8))
     return Config(block_n, block_k, 4, 4, split)
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
-                  residual: torch.Tensor | None = None, glu: bool = False, out_dtype: torch.dtype | None = None,
-                  act_from: int = 0, out: torch.Tensor | None = None, config: Config | None = None) -> torch.Tensor:
-    """x [M, K] (or [M, 2K] with glu), weight [N, K] -> [M, N] with M <= 64; the activation applies
-    to output columns from `act_from` on. Rows of x, residual and out may be strided; features must
-    be contiguous."""
-    m = x.shape[0]
-    n, k = weight.shape
-    assert m <= 64 and x.shape[1] == (2 * k if glu else k), (x.shape, weight.shape, glu)
+                  residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
+                  out: torch.Tensor | None = None, config: Config | None = None) -> torch.Tensor:
+    """x [M, K], weight [N, K] -> [M, N] with M <= 64 ([M, N / 2] for "swiglu", whose weight rows
+    interleave gate and up); GELU applies to output columns from `act_from` on. Rows of x,
+    residual and out may be strided; features must be contiguous."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert m <= 64 and weight.shape[1] == k, (x.shape, weight.shape)
     assert x.stride(-1) == 1 and weight.stride(-1) == 1 and (out is None or out.stride(-1) == 1)
     cfg = config or default_config(m, n, k)
+    assert act != "swiglu" or cfg.block_n % 2 == 0
     if out is None:
-        out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+        out = torch.empty((m, n // 2 if act == "swiglu" else n), dtype=out_dtype or x.dtype, device=x.device)
     tiles = triton.cdiv(n, cfg.block_n)
     k_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
     partial, arrivals = out, out
@@ -153,10 +168,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
         partial, arrivals, m, n, k, k_split, act_from,
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act], GLU=glu,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
-        SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SPLIT_K=cfg.split_k, PDL=use_pdl(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if use_pdl() else {}))
     return out
 
 

@@ -11,6 +11,11 @@ from ..kernels import HAS_TRITON
 from .config import ModelConfig
 
 
+def _triton_rows(x: torch.Tensor) -> bool:
+    """Hidden-state rows on CUDA: the norms' Triton kernel serves them."""
+    return HAS_TRITON and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -18,13 +23,21 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """As transformers computes it: normalize in fp32, cast back, then scale (on CUDA, rows of
-        hidden states in one Triton launch)."""
-        if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1 and HAS_TRITON:
-            from ..kernels.rms_norm import rms_norm
+        """As transformers computes it: normalize in fp32, cast back, then scale."""
+        if _triton_rows(x):
+            from ..kernels.norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+
+class LayerNorm(nn.LayerNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _triton_rows(x):
+            from ..kernels.norm import layer_norm
+
+            return layer_norm(x, self.weight, self.bias, self.eps)
+        return super().forward(x)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -66,11 +79,16 @@ class Rotary(nn.Module):
         return self.cos[positions][:, None, :].to(dtype), self.sin[positions][:, None, :].to(dtype)
 
 
+def frozen_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """An inference-only Linear holding the given tensors (the fused projections built after loading)."""
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        layer.bias = nn.Parameter(bias, requires_grad=False)
+    return layer
+
+
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     """One Linear computing the given ones side by side (one GEMM instead of several)."""
-    w = torch.cat([m.weight for m in linears])
-    fused = nn.Linear(w.shape[1], w.shape[0], bias=linears[0].bias is not None, device=w.device, dtype=w.dtype)
-    fused.weight = nn.Parameter(w, requires_grad=False)
-    if fused.bias is not None:
-        fused.bias = nn.Parameter(torch.cat([m.bias for m in linears]), requires_grad=False)
-    return fused
+    bias = torch.cat([m.bias for m in linears]) if linears[0].bias is not None else None
+    return frozen_linear(torch.cat([m.weight for m in linears]), bias)

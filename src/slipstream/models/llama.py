@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from ..kernels.attention import AttentionInputs, rotary_paged_attention
-from ..kernels.linear import linear
+from ..kernels.linear import interleave_gate_up, linear
 from ..kv_cache import KVCache
 from .config import ModelConfig
-from .layers import RMSNorm, Rotary, fuse_linears
+from .layers import RMSNorm, Rotary, frozen_linear, fuse_linears
 
 
 class Attention(nn.Module):
@@ -61,13 +61,16 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def fuse(self) -> None:
-        self.gate_up_proj = fuse_linears(self.gate_proj, self.up_proj)
+        """One [gate; up] GEMM with interleaved rows and SwiGLU in its epilogue."""
+        g, u = self.gate_proj, self.up_proj
+        bias = interleave_gate_up(g.bias, u.bias) if g.bias is not None else None
+        self.gate_up_proj = frozen_linear(interleave_gate_up(g.weight, u.weight), bias)
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """`residual` + down(silu(gate) * up): SwiGLU is the down projection's prologue."""
-        gate_up = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
-        return linear(gate_up, self.down_proj.weight, self.down_proj.bias, residual=residual, glu=True)
+        """`residual` + down(silu(gate) * up)."""
+        hidden = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, act="swiglu")
+        return linear(hidden, self.down_proj.weight, self.down_proj.bias, residual=residual)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -8,7 +8,7 @@ from torch import nn
 from ..kernels.attention import AttentionInputs
 from ..kernels.linear import linear
 from .config import ModelConfig
-from .layers import fuse_linears
+from .layers import LayerNorm, frozen_linear, fuse_linears
 from .llama import Attention, CausalLM
 
 
@@ -30,7 +30,7 @@ class PhiDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg, out_name="dense")
         self.mlp = PhiMLP(cfg)
-        self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.input_layernorm = LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.act = "gelu" if cfg.hidden_act == "gelu" else "gelu_tanh"
         self.qkv_width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         self.mlp_width = cfg.intermediate_size
@@ -38,10 +38,7 @@ class PhiDecoderLayer(nn.Module):
     def fuse(self) -> None:
         a, m = self.self_attn, self.mlp
         self.in_proj = fuse_linears(a.q_proj, a.k_proj, a.v_proj, m.fc1)
-        w = torch.cat([m.fc2.weight, a.dense.weight], dim=1)
-        self.out_proj = nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
-        self.out_proj.weight = nn.Parameter(w, requires_grad=False)
-        self.out_proj.bias = nn.Parameter(m.fc2.bias + a.dense.bias, requires_grad=False)
+        self.out_proj = frozen_linear(torch.cat([m.fc2.weight, a.dense.weight], dim=1), m.fc2.bias + a.dense.bias)
         del a.q_proj, a.k_proj, a.v_proj, a.dense, self.mlp
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
@@ -61,7 +58,7 @@ class PhiBackbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(PhiDecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.final_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.final_layernorm = LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
 
 
 class PhiForCausalLM(CausalLM):
