@@ -23,21 +23,23 @@ with LLM(model, max_num_seqs=streams, cuda_graphs=False) as llm:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=60))
 
 cfg = dict(h=32, kvh=32, d=64) if "phi" in model else dict(h=14, kvh=2, d=64)
-b, ctx, page = streams, 192, 16
-q = torch.randn(b, cfg["h"], cfg["d"], device="cuda", dtype=torch.bfloat16)
-pages = b * ctx // page + 1
-kp = torch.randn(pages, page, cfg["kvh"], cfg["d"], device="cuda", dtype=torch.bfloat16)
-vp = torch.randn_like(kp)
-table = torch.arange(1, pages, device="cuda").view(b, -1)
-lens = torch.full((b,), ctx, device="cuda")
-for ppb in (1, 2, 4, 8):
-    for warps in (1, 2, 4, 8):
-        ms = triton.testing.do_bench(
-            lambda: paged_decode_attention(q, kp, vp, table, lens, 0.125, pages_per_block=ppb, num_warps=warps),
-            return_mode="median")
-        print(f"paged_decode pages_per_block={ppb} num_warps={warps}: {ms * 1e3:.1f} us")
-k = kp[1:].reshape(b, ctx, cfg["kvh"], cfg["d"]).transpose(1, 2)
-v = vp[1:].reshape(b, ctx, cfg["kvh"], cfg["d"]).transpose(1, 2)
-ms = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=cfg["h"] != cfg["kvh"]),
-                             return_mode="median")
-print(f"dense SDPA over the same keys: {ms * 1e3:.1f} us; KV bytes {2 * kp[1:].numel() * 2 / 1e6:.1f} MB")
+b, page = streams, 16
+for ctx in (128, 192):
+    q = torch.randn(b, cfg["h"], cfg["d"], device="cuda", dtype=torch.bfloat16)
+    pages = b * ctx // page + 1
+    kp = torch.randn(pages, page, cfg["kvh"], cfg["d"], device="cuda", dtype=torch.bfloat16)
+    vp = torch.randn_like(kp)
+    table = torch.arange(1, pages, device="cuda").view(b, -1)
+    lens = torch.full((b,), ctx, device="cuda")
+    for dot in ((True, False) if cfg["h"] == cfg["kvh"] else (True,)):
+        for ppb in (2, 4, 8):
+            for warps in (2, 4, 8):
+                ms = triton.testing.do_bench(
+                    lambda: paged_decode_attention(q, kp, vp, table, lens, 0.125, pages_per_block=ppb, num_warps=warps,
+                                                   dot=dot), return_mode="median")
+                print(f"ctx {ctx} paged_decode dot={dot} pages_per_block={ppb} num_warps={warps}: {ms * 1e3:.1f} us")
+    k = kp[1:].reshape(b, ctx, cfg["kvh"], cfg["d"]).transpose(1, 2)
+    v = vp[1:].reshape(b, ctx, cfg["kvh"], cfg["d"]).transpose(1, 2)
+    ms = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=cfg["h"] != cfg["kvh"]),
+                                 return_mode="median")
+    print(f"ctx {ctx} dense SDPA over the same keys: {ms * 1e3:.1f} us; KV bytes {2 * kp[1:].numel() * 2 / 1e6:.1f} MB")

@@ -192,8 +192,8 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
                 raise ValueError("--profile reads CUDA events on the compute stream: it needs a CUDA device")
             if llm.core.config.device.type == "cuda" and bandwidth is None:
                 bandwidth = copy_bandwidth()
-            run_case(llm, max(streams), prompt_tokens, 8, seed=99,  # warm-up (and the grammar's compile)
-                     constrained=1.0 if workload == "constrained" else 0.0)
+            for n in sorted(set(streams)):  # warm-up: each batch shape's first use, the grammar's compile
+                run_case(llm, n, prompt_tokens, 8, seed=99, constrained=1.0 if workload == "constrained" else 0.0)
             for n in streams:
                 bar.set_postfix_str(f"{mode} x{n}")
                 if workload == "short":

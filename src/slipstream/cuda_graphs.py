@@ -44,6 +44,9 @@ class DecodeGraphs:
                 if fused:
                     runner.greedy_tail(slot, b, logits)
             self.graphs[(slot.index, b, fused)] = (graph, logits)
+        with torch.cuda.stream(stream):  # the first replay uploads a graph to the device: do it now, on padding
+            for graph, _ in self.graphs.values():
+                graph.replay()
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
         self.memory_bytes = torch.cuda.memory_reserved() - before

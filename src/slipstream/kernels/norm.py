@@ -20,9 +20,8 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, D, eps, stride_x, stride_o, RMS: 
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
-    if PDL:
+    if PDL:  # (see skinny_gemm)
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     if RMS:
@@ -32,6 +31,8 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, D, eps, stride_x, stride_o, RMS: 
         centered = tl.where(ok, x - tl.sum(x, axis=0) / D, 0.0)
         normed = centered * tl.rsqrt(tl.sum(centered * centered, axis=0) / D + eps)
         y = normed * w + tl.load(b_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 

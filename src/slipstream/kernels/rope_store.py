@@ -22,12 +22,13 @@ def _rope_store_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_pages
     head = tl.program_id(1)
     if PDL:  # everything it reads comes from earlier kernels (see skinny_gemm)
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     i = tl.arange(0, HEAD_DIM)
     half: tl.constexpr = ROT // 2
     rotated = i < ROT
     partner = tl.where(i < half, i + half, i - half)
     sign = tl.where(i < half, -1.0, 1.0)
+    if PDL:  # (programs are tiny: let the next kernel launch once all have started)
+        tl.extra.cuda.gdc_launch_dependents()
     cos = tl.load(cos_ptr + t * stride_ct + i, mask=rotated, other=1.0).to(tl.float32)
     sin = tl.load(sin_ptr + t * stride_ct + i, mask=rotated, other=0.0).to(tl.float32)
     if head < NUM_Q_HEADS:

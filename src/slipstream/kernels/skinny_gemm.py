@@ -9,9 +9,11 @@ which at ~3 us each are most of a small model's step. Intermediate results are r
 activation dtype where the unfused torch path rounds them, so both paths give the same numbers up
 to accumulation order.
 
-On Hopper the kernels of a step launch with programmatic dependent launch (PDL): a kernel's
-programs start while the previous kernel drains and wait (`gdc_wait`) only before they read
-activations, hiding most of the launch gap between dependent kernels."""
+On Hopper the kernels of a step launch with programmatic dependent launch (PDL): once every
+program of a kernel has finished its main loop (`gdc_launch_dependents`), the next kernel's
+programs are launched and wait (`gdc_wait`) for the grid's completion before reading anything,
+which hides most of the launch gap between dependent kernels. Triggering only after the main
+loop keeps waiting programs from taking SM slots a many-wave grid still needs."""
 from __future__ import annotations
 
 import functools
@@ -98,7 +100,6 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     k_start = pid_k * K_SPLIT
     if PDL:  # x (and the arrival counters) come from earlier kernels
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
         kk = k0 + rk
         w_ptrs = w_ptr + rn[:, None] * stride_wn + kk[None, :]
@@ -113,6 +114,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(w))
+    if PDL:  # the next kernel may start its launch now; it waits for this grid to finish before it reads
+        tl.extra.cuda.gdc_launch_dependents()
     if SPLIT_K == 1:
         _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
                   HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
@@ -132,15 +135,17 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
 
 def default_config(m: int, n: int, k: int) -> Config:
     """The launch configuration for an (M, N, K) problem, from `scripts/gemm_sweep.py` on the H200
-    (docs/kernel-notes.md). Enough programs must stream weights at once to cover the SMs several
-    times: wide layers get there with BLOCK_N tiles alone, narrow-and-deep ones (down projections,
-    Phi's [fc2 | dense]) split K."""
+    (docs/kernel-notes.md). Enough programs must stream weights at once to cover the SMs: wide
+    layers get there with BLOCK_N tiles alone (64 wide from N = 8192: LM heads, [qkv; fc1],
+    [gate; up]); narrow-and-deep ones (down projections, Phi's [fc2 | dense]) split K up to 4 ways.
+    Narrow-and-shallow ones (Qwen's o and qkv projections) are launch-bound whatever the tiling."""
     if INTERPRET:
         return Config(16, 32, 4, 1, 2 if k >= 64 else 1)
-    block_n = 16 if n < 2048 else (64 if m > 32 and n >= 4096 else 32)
+    block_n = 64 if n >= 8192 else (32 if k >= 2048 else 16)
     block_k = 128
     tiles = triton.cdiv(n, block_n)
-    split = max(1, min(4 * _sm_count() // tiles, triton.cdiv(k, block_k) // 4, 8))
+    sms = _sm_count()
+    split = 1 if tiles >= sms else max(1, min(4, triton.cdiv(4 * sms, tiles), triton.cdiv(k, block_k) // 4))
     return Config(block_n, block_k, 4, 4, split)
 
 
