@@ -74,10 +74,10 @@ for (name, n, k, has_bias, act, act_from, has_res), m in itertools.product(SHAPE
         except Exception as e:  # a configuration that does not compile or fit is skipped
             print(f"  {name} m={m} {cfg}: {type(e).__name__}", flush=True)
     row["default"] = ",".join(map(str, default_config(m, n, k)))
-    with_pdl = skinny_gemm.use_pdl
-    skinny_gemm.use_pdl = lambda: False
+    with_pdl = skinny_gemm.pdl_args
+    skinny_gemm.pdl_args = lambda: {"PDL": False}
     row["default_without_pdl_us"] = graph_ms(lambda i: skinny_linear(x, ws[i], b, act, r, act_from=act_from), copies) * 1e3
-    skinny_gemm.use_pdl = with_pdl
+    skinny_gemm.pdl_args = with_pdl
     best = min(row["triton_us"], key=row["triton_us"].get)
     row["best"] = best
     gbs = lambda us: row["weight_mb"] / us  # MB/us = TB/s

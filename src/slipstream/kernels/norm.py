@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .skinny_gemm import use_pdl
+from . import pdl_args
 
 
 @triton.jit
@@ -42,8 +42,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
     out = torch.empty((rows, d), dtype=x.dtype, device=x.device) if out is None else out
     block = triton.next_power_of_2(d)
     _norm_kernel[(rows,)](x, weight, weight if bias is None else bias, out, d, eps, x.stride(0), out.stride(0),
-                          RMS=rms, BLOCK_D=block, PDL=use_pdl(), num_warps=min(8, max(1, block // 256)),
-                          **({"launch_pdl": True} if use_pdl() else {}))
+                          RMS=rms, BLOCK_D=block, num_warps=min(8, max(1, block // 256)), **pdl_args())
     return out
 
 

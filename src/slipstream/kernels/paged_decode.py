@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .skinny_gemm import use_pdl
+from . import pdl_args
 
 
 @triton.jit
@@ -118,7 +118,6 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         out.stride(0), out.stride(1), page_table.stride(0),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page,
         PAGES_PER_BLOCK=pages_per_block,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DOT=group > 1 if dot is None else dot, PDL=use_pdl(),
-        num_warps=num_warps,
-        **({"launch_pdl": True} if use_pdl() else {}))
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DOT=group > 1 if dot is None else dot,
+        num_warps=num_warps, **pdl_args())
     return out

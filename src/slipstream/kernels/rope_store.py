@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .skinny_gemm import use_pdl
+from . import pdl_args
 
 
 @triton.jit
@@ -69,5 +69,5 @@ def rope_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         q, k, v, cos2, sin2, out, kp, vp, slot_mapping,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos2.stride(0),
         out.stride(0), out.stride(1), kp.stride(0), kp.stride(1),
-        NUM_Q_HEADS=h, HEAD_DIM=d, ROT=rot, PDL=use_pdl(), **({"launch_pdl": True} if use_pdl() else {}))
+        NUM_Q_HEADS=h, HEAD_DIM=d, ROT=rot, **pdl_args())
     return out

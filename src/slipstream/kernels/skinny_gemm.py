@@ -17,14 +17,14 @@ loop keeps waiting programs from taking SM slots a many-wave grid still needs.""
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from . import INTERPRET, pdl_args
+
 ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2, "swiglu": 3}
 
 
@@ -34,14 +34,6 @@ class Config(NamedTuple):
     num_warps: int
     num_stages: int
     split_k: int = 1
-
-
-@functools.cache
-def use_pdl() -> bool:
-    """Programmatic dependent launch: compiled GPU kernels on compute capability 9.0 and later,
-    unless SLIPSTREAM_PDL=0 (for measuring what it buys, or a driver that mishandles it)."""
-    return (not INTERPRET and os.environ.get("SLIPSTREAM_PDL") != "0" and torch.cuda.is_available()
-            and torch.cuda.get_device_capability()[0] >= 9)
 
 
 @triton.jit
@@ -176,8 +168,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
-        SPLIT_K=cfg.split_k, PDL=use_pdl(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"launch_pdl": True} if use_pdl() else {}))
+        SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args())
     return out
 
 
