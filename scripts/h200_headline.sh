@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# The GPU I headline run on the H200 (see docs/benchmarks.md): GPU tests, the plain-graph anchor
-# (../shared/anchors/graph_floor.py, carried as .anchors), then the decode table with the profiler,
-# the --short workload and the zombie tax for both benchmark shapes. Everything lands in $OUT.
+# The headline run on the H200 (see docs/benchmarks.md): GPU tests, the plain-graph anchor
+# (../shared/anchors/graph_floor.py, carried as .anchors), then the decode table with the profiler
+# and the --short workload for both benchmark shapes, and the zombie tax. Each stage has a time
+# limit so the whole run fits one device call; everything lands in $OUT/headline.tgz.
 set -uo pipefail
 export PYTHONPATH=src SLIPSTREAM_CACHE=/tmp/slipstream-cache PYTHONUNBUFFERED=1
 R=${OUT:-results}/r
 mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$R/gpu.txt"
-git rev-parse HEAD 2>/dev/null | tee -a "$R/gpu.txt"
-python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py 2>&1 | tail -3 | tee "$R/gpu_tests.txt"
-(cd "$R" && OUT=. python3 "$OLDPWD/.anchors/graph_floor.py") 2>&1 | tail -9 | tee "$R/graph_floor.txt"
+timeout 160 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py 2>&1 | tail -3 | tee "$R/gpu_tests.txt"
+(cd "$R" && OUT=. timeout 100 python3 "$OLDPWD/.anchors/graph_floor.py") 2>&1 | tail -9 | tee "$R/graph_floor.txt"
 for m in phi-1.5 qwen2.5-0.5b; do
-  python3 -m slipstream bench --model random:$m --streams 1,8,32,64 --prompt-tokens 64 --max-tokens 128 \
+  timeout 130 python3 -m slipstream bench --model random:$m --streams 1,8,32,64 --prompt-tokens 64 --max-tokens 128 \
     --profile --out "$R/$m.json" 2>/dev/null | tail -12
-  python3 -m slipstream bench --model random:$m --streams 1,8,32 --prompt-tokens 64 --short \
+done
+for m in phi-1.5 qwen2.5-0.5b; do
+  timeout 50 python3 -m slipstream bench --model random:$m --streams 1,8,32 --prompt-tokens 64 --short \
     --out "$R/$m.short.json" 2>/dev/null | tail -7
 done
-python3 -m slipstream bench --model random:phi-1.5 --streams 1,32 --prompt-tokens 64 --max-tokens 16 --zombie \
+timeout 40 python3 -m slipstream bench --model random:phi-1.5 --streams 1,32 --prompt-tokens 64 --max-tokens 16 --zombie \
   --out "$R/phi-1.5.zombie.json" 2>/dev/null | tail -9
 tar czf "${OUT:-results}/headline.tgz" -C "$(dirname "$R")" r
