@@ -11,11 +11,9 @@ from slipstream.kv_cache import KVCache
 from slipstream.kernels.attention import AttentionInputs
 from slipstream.models.loader import build_model, load_checkpoint
 
-PAGE = 4
 
-
-def _slots(pages: list[int], positions: range) -> list[int]:
-    return [pages[p // PAGE] * PAGE + p % PAGE for p in positions]
+def _slots(pages: list[int], positions: range, page: int) -> list[int]:
+    return [pages[p // page] * page + p % page for p in positions]
 
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -28,12 +26,17 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
     ("qwen2", 2, False, {}), ("qwen2", 2, True, {}), ("qwen3", 2, False, {}), ("qwen3", 1, True, {}),
     ("phi", 4, False, {}), ("phi", 2, False, {}),
 ])
-def test_prefill_and_decode_logits_match_transformers(tmp_path, tiny_tokenizer, arch, kv_heads, tie, extra):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_prefill_and_decode_logits_match_transformers(tmp_path, tiny_tokenizer, arch, kv_heads, tie, extra, device):
+    """On CUDA (fp32) decode runs the Triton kernels: fused GEMMs, norms, rotary + KV write, paged
+    attention (pages of 16 tokens; the CPU case uses pages of 4)."""
     tm = build_tiny(tmp_path, tiny_tokenizer, arch, kv_heads=kv_heads, tie=tie, seed=kv_heads, **extra)
     ckpt = load_checkpoint(tmp_path)
-    model = build_model(ckpt, torch.float32, torch.device("cpu"), max_len=128)
+    dev = torch.device(device)
+    page = 16 if device == "cuda" else 4
+    model = build_model(ckpt, torch.float32, dev, max_len=128)
     cfg = ckpt.config
-    kv = KVCache(cfg.num_layers, 64, PAGE, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu"))
+    kv = KVCache(cfg.num_layers, 64, page, cfg.num_kv_heads, cfg.head_dim, torch.float32, dev)
     rng = random.Random(1)
     free = list(range(1, 64))
     rng.shuffle(free)  # scattered pages: a sequence's pages are not contiguous
@@ -41,14 +44,17 @@ def test_prefill_and_decode_logits_match_transformers(tmp_path, tiny_tokenizer, 
     decode_steps = 6
     seqs = []
     for n in lens:
-        pages = [free.pop() for _ in range(-(-(n + decode_steps) // PAGE))]
+        pages = [free.pop() for _ in range(-(-(n + decode_steps) // page))]
         seqs.append(dict(ids=[rng.randrange(tm.vocab_size) for _ in range(n)], pages=pages))
 
-    ids = torch.tensor([t for s in seqs for t in s["ids"]])
-    pos = torch.tensor([p for n in lens for p in range(n)])
-    slots = torch.tensor([x for s, n in zip(seqs, lens) for x in _slots(s["pages"], range(n))])
-    last = torch.tensor(lens).cumsum(0) - 1
-    logits = model(ids, pos, AttentionInputs(True, slots, seq_lens=lens), kv, last)
+    def on_dev(x: list) -> torch.Tensor:
+        return torch.tensor(x, device=dev)
+
+    ids = on_dev([t for s in seqs for t in s["ids"]])
+    pos = on_dev([p for n in lens for p in range(n)])
+    slots = on_dev([x for s, n in zip(seqs, lens) for x in _slots(s["pages"], range(n), page)])
+    last = on_dev(lens).cumsum(0) - 1
+    logits = model(ids, pos, AttentionInputs(True, slots, seq_lens=lens), kv, last).cpu()
     for i, s in enumerate(seqs):
         torch.testing.assert_close(logits[i], hf_logits(tm.hf, s["ids"])[-1], rtol=1e-4, atol=1e-4)
 
@@ -57,12 +63,11 @@ def test_prefill_and_decode_logits_match_transformers(tmp_path, tiny_tokenizer, 
         positions = [len(s["ids"]) for s in seqs]
         for s, t in zip(seqs, new):
             s["ids"].append(t)
-        width = max(p // PAGE + 1 for p in positions)
-        table = torch.tensor([(s["pages"] + [0] * width)[:width] for s in seqs])
-        attn = AttentionInputs(False, torch.tensor([_slots(s["pages"], range(p, p + 1))[0]
-                                                    for s, p in zip(seqs, positions)]),
-                               page_table=table, context_lens=torch.tensor(positions) + 1)
-        logits = model(torch.tensor(new), torch.tensor(positions), attn, kv, None)
+        width = max(p // page + 1 for p in positions)
+        table = on_dev([(s["pages"] + [0] * width)[:width] for s in seqs])
+        attn = AttentionInputs(False, on_dev([_slots(s["pages"], range(p, p + 1), page)[0] for s, p in zip(seqs, positions)]),
+                               page_table=table, context_lens=on_dev(positions) + 1)
+        logits = model(on_dev(new), on_dev(positions), attn, kv, None).cpu()
         for i, s in enumerate(seqs):
             torch.testing.assert_close(logits[i], hf_logits(tm.hf, s["ids"])[-1], rtol=1e-4, atol=1e-4,
                                        msg=lambda m: f"decode step {step}, sequence {i}: {m}")
