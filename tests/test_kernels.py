@@ -134,23 +134,20 @@ def test_linear_dispatch_agrees_with_reference_in_bf16():
     assert (got.float() - want.float()).abs().max() <= 2 * want.float().abs().max() * 2 ** -8
 
 
-@pytest.mark.parametrize("m,k", [(1, 64), (7, 96), (32, 224)])
+@pytest.mark.parametrize("rows,d", [(1, 64), (7, 96), (32, 896)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_skinny_linear_rms_norm_prologue_matches_norm_then_linear(m, k, dtype):
-    """RMSNorm folded into the GEMM (x * norm weight in, 1 / rms applied to the sums) against
-    transformers' norm followed by the GEMM; K = 96 and 224 leave a partial last tile."""
-    from slipstream.kernels.linear import linear_reference
-    from slipstream.kernels.skinny_gemm import skinny_linear
+def test_rms_norm_kernel_matches_transformers_formula(rows, d, dtype):
+    from slipstream.kernels.norm import rms_norm
 
-    g = torch.Generator().manual_seed(m + k)
-    x = (torch.randn(m, k + 16, generator=g) * 3).to(dtype).to(DEVICE)[:, 16:]  # strided rows
-    norm_w, w, b = (torch.randn(*s, generator=g).to(dtype).to(DEVICE) for s in ((k,), (48, k), (48,)))
-    r = torch.randn(m, 48, generator=g).to(dtype).to(DEVICE)
-    got = torch.full((m, 48), float("nan"), dtype=dtype, device=DEVICE)
-    skinny_linear(x, w, b, residual=r, rms=(norm_w, 1e-6), out=got)
-    want = linear_reference(x.double(), w.double(), b.double(), residual=r.double(), rms=(norm_w.double(), 1e-6))
-    err = (got.double() - want).norm() / want.norm()
-    assert err < (1e-6 if dtype == torch.float32 else 1e-2), err
+    g = torch.Generator().manual_seed(rows + d)
+    x = (torch.randn(rows, d + 16, generator=g) * 3).to(dtype).to(DEVICE)[:, 16:]  # strided rows
+    w = torch.randn(d, generator=g).to(dtype).to(DEVICE)
+    xf = x.float()
+    want = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    got = torch.full_like(want, float("nan"), dtype=dtype)
+    rms_norm(x, w, 1e-6, out=got)
+    err = (got.double() - want.double()).norm() / want.double().norm()
+    assert got.dtype == dtype and err < (1e-6 if dtype == torch.float32 else 1e-2), err
 
 
 @pytest.mark.parametrize("split_k", [1, 2])

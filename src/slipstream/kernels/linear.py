@@ -13,16 +13,9 @@ from . import HAS_TRITON
 MAX_ROWS = 64  # decode batches up to this size run the skinny GEMM
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as transformers computes it: normalize in fp32, cast back, then scale."""
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-
-
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
                      residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
-                     out: torch.Tensor | None = None, rms: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
-    if rms is not None:
-        x = rms_norm_reference(x, *rms)
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     y = F.linear(x, weight, bias)
     if act == "swiglu":
         gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
@@ -39,20 +32,16 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
            residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
-           out: torch.Tensor | None = None, rms: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
-    """x [rows, K] -> [rows, N]. `rms` = (weight, eps) RMS-normalizes x first. `act`: None;
-    "gelu_tanh" or "gelu", applied to the output columns from `act_from` on; or "swiglu", for
-    weight rows interleaving gate and up (see `interleave_gate_up`), giving [rows, N / 2].
-    `residual` is added last; `out` (a view, e.g. columns of a wider buffer) receives the result.
-
-    In the Triton kernel the norm's scale is applied after the GEMM (the normalized input is not
-    rounded to the activation dtype on the way), so in bf16 the two paths differ by about one
-    rounding of the normalized input."""
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, K] -> [rows, N]. `act`: None; "gelu_tanh" or "gelu", applied to the output columns
+    from `act_from` on; or "swiglu", for weight rows interleaving gate and up (see
+    `interleave_gate_up`), giving [rows, N / 2]. `residual` is added last; `out` (a view, e.g.
+    columns of a wider buffer) receives the result."""
     if HAS_TRITON and x.is_cuda and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.stride(-1) == 1:
         from .skinny_gemm import skinny_linear
 
-        return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out, rms)
-    return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out, rms)
+        return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out)
+    return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out)
 
 
 def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -72,17 +72,14 @@ def _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm
 
 
 @triton.jit
-def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, norm_ptr, eps, M, N, K,
-                          K_SPLIT, ACT_FROM, stride_xm, stride_wn, stride_rm, stride_om,
-                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, RMS: tl.constexpr,
-                          UPCAST: tl.constexpr,
+def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, M, N, K, K_SPLIT,
+                          ACT_FROM, stride_xm, stride_wn, stride_rm, stride_om,
+                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, UPCAST: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
-    sums the partials in split order (deterministic), runs the epilogue and resets the counter.
-    With RMS, x is RMS-normalized on the way in: the GEMM reads x * norm_weight and the row's
-    1 / rms, summed from the same tiles, scales the result (so RMS needs the whole K: no split)."""
+    sums the partials in split order (deterministic), runs the epilogue and resets the counter."""
     act_dtype = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -92,7 +89,6 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     row_ok = rm < M
     col_ok = rn < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    sum_sq = tl.zeros([BLOCK_M], tl.float32)
     k_start = pid_k * K_SPLIT
     if PDL:  # x (and the arrival counters) come from earlier kernels
         tl.extra.cuda.gdc_wait()
@@ -106,18 +102,12 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
         else:
             w = tl.load(w_ptrs, mask=col_ok[:, None] & (kk[None, :] < K), other=0.0)
             x = tl.load(x_ptrs, mask=row_ok[:, None] & (kk[None, :] < K), other=0.0)
-        if RMS:
-            xf = x.to(tl.float32)
-            sum_sq += tl.sum(xf * xf, axis=1)
-            x = (xf * tl.load(norm_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)[None, :]).to(act_dtype)
         if UPCAST:  # fp32 inputs, or bf16 in the CPU interpreter
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(w))
     if PDL:  # the next kernel may start its launch now; it waits for this grid to finish before it reads
         tl.extra.cuda.gdc_launch_dependents()
-    if RMS:
-        acc = acc * tl.rsqrt(sum_sq / K + eps)[:, None]
     if SPLIT_K == 1:
         _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
                   HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
@@ -153,19 +143,15 @@ def default_config(m: int, n: int, k: int) -> Config:
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
                   residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
-                  out: torch.Tensor | None = None, rms: tuple[torch.Tensor, float] | None = None,
-                  config: Config | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, config: Config | None = None) -> torch.Tensor:
     """x [M, K], weight [N, K] -> [M, N] with M <= 64 ([M, N / 2] for "swiglu", whose weight rows
-    interleave gate and up); GELU applies to output columns from `act_from` on; `rms` = (weight,
-    eps) RMS-normalizes x first. Rows of x, residual and out may be strided; features must be
-    contiguous."""
+    interleave gate and up); GELU applies to output columns from `act_from` on. Rows of x,
+    residual and out may be strided; features must be contiguous."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= 64 and weight.shape[1] == k, (x.shape, weight.shape)
     assert x.stride(-1) == 1 and weight.stride(-1) == 1 and (out is None or out.stride(-1) == 1)
     cfg = config or default_config(m, n, k)
-    if rms is not None:
-        cfg = cfg._replace(split_k=1)
     assert act != "swiglu" or cfg.block_n % 2 == 0
     if out is None:
         out = torch.empty((m, n // 2 if act == "swiglu" else n), dtype=out_dtype or x.dtype, device=x.device)
@@ -177,9 +163,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         arrivals = _arrival_counters(x.device, tiles)
     _skinny_linear_kernel[(tiles, cfg.split_k)](
         x, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
-        partial, arrivals, weight if rms is None else rms[0], 0.0 if rms is None else rms[1], m, n, k, k_split, act_from,
+        partial, arrivals, m, n, k, k_split, act_from,
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act], RMS=rms is not None,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
         SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args())

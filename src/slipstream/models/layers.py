@@ -4,34 +4,36 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import HAS_TRITON
-from ..kernels.linear import rms_norm_reference
 from .config import ModelConfig
 
 
-class RMSNorm(nn.Module):
-    """Applied inside the next GEMM (`linear(..., rms=norm.args)`), or on its own (Qwen3's per-head
-    q/k norms)."""
+def _triton_rows(x: torch.Tensor) -> bool:
+    """Hidden-state rows on CUDA: the norms' Triton kernel serves them."""
+    return HAS_TRITON and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
 
+
+class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    @property
-    def args(self) -> tuple[torch.Tensor, float]:
-        return self.weight, self.eps
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm_reference(x, self.weight, self.eps)
+        """As transformers computes it: normalize in fp32, cast back, then scale."""
+        if _triton_rows(x):
+            from ..kernels.norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 class LayerNorm(nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """On CUDA, rows of hidden states in one Triton launch (part of the step's PDL chain)."""
-        if HAS_TRITON and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
+        if _triton_rows(x):
             from ..kernels.norm import layer_norm
 
             return layer_norm(x, self.weight, self.bias, self.eps)

@@ -37,11 +37,9 @@ class Attention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
-                pages: tuple[torch.Tensor, torch.Tensor], residual: torch.Tensor,
-                rms: tuple[torch.Tensor, float]) -> torch.Tensor:
-        """`residual` + attention of rms_norm(`x`): the norm is the QKV GEMM's prologue, the sum the
-        output projection's epilogue."""
-        qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias, rms=rms)
+                pages: tuple[torch.Tensor, torch.Tensor], residual: torch.Tensor) -> torch.Tensor:
+        """`residual` + attention of `x` (the sum is the output projection's epilogue)."""
+        qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
         o = self.attend(qkv, rope, attn, pages).flatten(1)
         out = getattr(self, self.out_name)
         return linear(o, out.weight, out.bias, residual=residual)
@@ -69,9 +67,9 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = frozen_linear(interleave_gate_up(g.weight, u.weight), bias)
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor, rms: tuple[torch.Tensor, float]) -> torch.Tensor:
-        """`residual` + down(silu(gate) * up) of rms_norm(`x`)."""
-        hidden = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, act="swiglu", rms=rms)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """`residual` + down(silu(gate) * up)."""
+        hidden = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, act="swiglu")
         return linear(hidden, self.down_proj.weight, self.down_proj.bias, residual=residual)
 
 
@@ -89,8 +87,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x = self.self_attn(x, rope, attn, pages, residual=x, rms=self.input_layernorm.args)
-        return self.mlp(x, residual=x, rms=self.post_attention_layernorm.args)
+        x = self.self_attn(self.input_layernorm(x), rope, attn, pages, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class LlamaBackbone(nn.Module):
@@ -104,6 +102,8 @@ class LlamaBackbone(nn.Module):
 class CausalLM(nn.Module):
     """The shared outer loop: embed, run the layers over the paged cache, norm, LM head at the
     requested rows. Subclasses build `self.model` (embed_tokens, layers, a final norm) and lm_head."""
+
+    final_norm = "norm"
 
     def __init__(self, cfg: ModelConfig, max_len: int) -> None:
         super().__init__()
@@ -128,11 +128,8 @@ class CausalLM(nn.Module):
             x = layer(x, rope, attn, kv.layer(i))
         if logits_index is not None:
             x = x[logits_index]
-        return self.head(x)
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm and LM head, fp32 logits."""
-        return linear(x, self.lm_head.weight, self.lm_head.bias, out_dtype=torch.float32, rms=self.model.norm.args)
+        x = getattr(self.model, self.final_norm)(x)
+        return linear(x, self.lm_head.weight, self.lm_head.bias, out_dtype=torch.float32)
 
 
 class LlamaForCausalLM(CausalLM):

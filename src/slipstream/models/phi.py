@@ -62,10 +62,9 @@ class PhiBackbone(nn.Module):
 
 
 class PhiForCausalLM(CausalLM):
+    final_norm = "final_layernorm"
+
     def __init__(self, cfg: ModelConfig, max_len: int) -> None:
         super().__init__(cfg, max_len)
         self.model = PhiBackbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size)
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(self.model.final_layernorm(x), self.lm_head.weight, self.lm_head.bias, out_dtype=torch.float32)
