@@ -17,6 +17,23 @@ from . import pdl_args
 
 
 @triton.jit
+def _load_kv_block(k_ptr, v_ptr, page_table_ptr, row, kv_head, start, ctx, stride_kp, stride_ks, stride_kh, stride_pt,
+                   HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr):
+    """K and V (fp32) of the `start`-th block of PAGES_PER_BLOCK pages of a row (their loads in flight
+    together), and which of its tokens are inside the context."""
+    BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
+    offs = tl.arange(0, BLOCK)
+    d = tl.arange(0, HEAD_DIM)
+    p = start * PAGES_PER_BLOCK + offs // PAGE
+    page = tl.load(page_table_ptr + row * stride_pt + p, mask=p < tl.cdiv(ctx, PAGE), other=0).to(tl.int64)
+    base = page[:, None] * stride_kp + (offs % PAGE)[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
+    valid = start * BLOCK + offs < ctx
+    k = tl.load(k_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
+    return k, v, valid
+
+
+@triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_lens_ptr, scale,
                          stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
@@ -41,15 +58,9 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_l
     denom = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
-    offs = tl.arange(0, BLOCK)  # token offsets of one block of pages, loaded together
-    n_pages = tl.cdiv(ctx, PAGE)
     for start in range(0, tl.cdiv(ctx, BLOCK)):
-        p = start * PAGES_PER_BLOCK + offs // PAGE
-        page = tl.load(page_table_ptr + row * stride_pt + p, mask=p < n_pages, other=0).to(tl.int64)
-        base = page[:, None] * stride_kp + (offs % PAGE)[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
-        valid = start * BLOCK + offs < ctx
-        k = tl.load(k_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
+        k, v, valid = _load_kv_block(k_ptr, v_ptr, page_table_ptr, row, kv_head, start, ctx, stride_kp, stride_ks,
+                                     stride_kh, stride_pt, HEAD_DIM, PAGE, PAGES_PER_BLOCK)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -74,18 +85,12 @@ def _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, ctx, scale, row, 
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + row * stride_qb + head * stride_qh + d).to(tl.float32) * scale
     BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
-    offs = tl.arange(0, BLOCK)
     m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     denom = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     acc = tl.zeros([HEAD_DIM], tl.float32)
-    n_pages = tl.cdiv(ctx, PAGE)
     for start in range(0, tl.cdiv(ctx, BLOCK)):
-        p = start * PAGES_PER_BLOCK + offs // PAGE
-        page = tl.load(page_table_ptr + row * stride_pt + p, mask=p < n_pages, other=0).to(tl.int64)
-        base = page[:, None] * stride_kp + (offs % PAGE)[:, None] * stride_ks + head * stride_kh + d[None, :]
-        valid = start * BLOCK + offs < ctx
-        k = tl.load(k_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
+        k, v, valid = _load_kv_block(k_ptr, v_ptr, page_table_ptr, row, head, start, ctx, stride_kp, stride_ks,
+                                     stride_kh, stride_pt, HEAD_DIM, PAGE, PAGES_PER_BLOCK)
         s = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
         alpha = tl.exp(m - m_new)
