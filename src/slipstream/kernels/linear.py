@@ -1,8 +1,8 @@
 """The models' linear layer with its neighbours fused: `act(x @ W.T + bias) + residual`.
 
-Decode steps on CUDA (at most MAX_ROWS rows) run the Triton skinny GEMM, one launch
-with the prologue and epilogue inside; everything else (prefill, the CPU) runs the torch reference,
-whose roundings the kernel reproduces."""
+Decode steps on CUDA (at most MAX_ROWS rows) run the Triton skinny GEMM, one launch with the
+epilogue inside; everything else (long prefills, the CPU) runs the torch reference, whose
+roundings the kernel reproduces."""
 from __future__ import annotations
 
 import torch
