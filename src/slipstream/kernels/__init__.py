@@ -9,6 +9,12 @@ HAS_TRITON = find_spec("triton") is not None
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def triton_rows(x: Any) -> bool:
+    """Rows of features on CUDA ([rows, D], rows may be strided, features contiguous): the form the
+    row-wise Triton kernels (norms, the skinny GEMM) serve."""
+    return HAS_TRITON and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
+
+
 @functools.cache
 def use_pdl() -> bool:
     """Programmatic dependent launch (see skinny_gemm): compiled GPU kernels on compute capability

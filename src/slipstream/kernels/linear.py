@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import HAS_TRITON
+from . import triton_rows
 
 MAX_ROWS = 64  # decode batches up to this size run the skinny GEMM
 
@@ -37,7 +37,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     from `act_from` on; or "swiglu", for weight rows interleaving gate and up (see
     `interleave_gate_up`), giving [rows, N / 2]. `residual` is added last; `out` (a view, e.g.
     columns of a wider buffer) receives the result."""
-    if HAS_TRITON and x.is_cuda and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.stride(-1) == 1:
+    if triton_rows(x) and x.shape[0] <= MAX_ROWS:
         from .skinny_gemm import skinny_linear
 
         return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out)

@@ -7,13 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import HAS_TRITON
+from ..kernels import triton_rows
 from .config import ModelConfig
-
-
-def _triton_rows(x: torch.Tensor) -> bool:
-    """Hidden-state rows on CUDA: the norms' Triton kernel serves them."""
-    return HAS_TRITON and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
 
 
 class RMSNorm(nn.Module):
@@ -24,7 +19,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """As transformers computes it: normalize in fp32, cast back, then scale."""
-        if _triton_rows(x):
+        if triton_rows(x):
             from ..kernels.norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps)
@@ -33,7 +28,7 @@ class RMSNorm(nn.Module):
 
 class LayerNorm(nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _triton_rows(x):
+        if triton_rows(x):
             from ..kernels.norm import layer_norm
 
             return layer_norm(x, self.weight, self.bias, self.eps)
