@@ -44,14 +44,17 @@ def random_case(b, h, kvh, d, page, dtype, seed):
 @pytest.mark.parametrize("b,h,kvh,d", [(3, 4, 4, 64), (2, 8, 2, 64), (2, 14, 2, 64), (1, 4, 1, 128)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("pages_per_block", [1, 4])
-@pytest.mark.parametrize("dot", [None, True])
-def test_paged_decode_kernel_matches_reference(b, h, kvh, d, dtype, pages_per_block, dot):
+@pytest.mark.parametrize("dot,blocks_per_split", [(None, 8), (True, 8), (True, 1)])
+def test_paged_decode_kernel_matches_reference(b, h, kvh, d, dtype, pages_per_block, dot, blocks_per_split):
+    """Both forms; with one block per split, rows longer than one block are split and merged (the
+    second launch checks that the first left its arrival counters reset)."""
     from slipstream.kernels.paged_decode import paged_decode_attention
 
     for seed in range(2):
         q, kp, vp, table, ctx, scale = random_case(b, h, kvh, d, 16, dtype, seed)
         out = torch.full_like(q, float("nan"))
-        paged_decode_attention(q, kp, vp, table, ctx, scale, out=out, pages_per_block=pages_per_block, dot=dot)
+        paged_decode_attention(q, kp, vp, table, ctx, scale, out=out, pages_per_block=pages_per_block, dot=dot,
+                               blocks_per_split=blocks_per_split)
         ref = dense_reference(q, kp, vp, table, ctx, scale)
         err = (out.double().cpu() - ref).norm() / ref.norm()
         assert torch.isfinite(out).all() and err < (1e-5 if dtype == torch.float32 else 1e-2), err

@@ -6,63 +6,118 @@ serving all query heads of the GQA group at once (padded to 16 rows for tl.dot; 
 IEEE dots, half-precision inputs TF32 on their fp32 upcast). The page table has a fixed width and
 the context lengths live on the device, so one launch shape serves every step of a batch-size
 bucket — which is what a CUDA graph needs. Runs on CPU under
-TRITON_INTERPRET=1 (bf16 is upcast in-kernel)."""
+TRITON_INTERPRET=1 (bf16 is upcast in-kernel).
+
+Long contexts with few (row, KV head) pairs — a GQA model at low batch — would leave most SMs
+idle, so the GQA form splits the context: program (row, KV head, s) walks blocks
+[s * BLOCKS_PER_SPLIT, (s + 1) * BLOCKS_PER_SPLIT). A row whose context fits one split is done by
+split 0 alone, exactly as without splitting (the other programs exit at once), so short contexts
+pay nothing; longer rows leave per-split softmax partials and the last split to arrive merges them
+(in split order, deterministic) and writes the output."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from . import pdl_args
+from . import INTERPRET, pdl_args
+from .skinny_gemm import arrival_counters
+
+BLOCKS_PER_SPLIT = 8  # blocks of pages one program walks before the context is split (8 x 4 pages x 16 = 512 tokens)
 
 
 @triton.jit
-def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_lens_ptr, scale,
+def _load_kv_block(k_ptr, v_ptr, page_table_ptr, row, kv_head, start, ctx, stride_kp, stride_ks, stride_kh, stride_pt,
+                   HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr):
+    """K and V (fp32) of the `start`-th block of PAGES_PER_BLOCK pages of a row (their loads in flight
+    together), and which of its tokens are inside the context."""
+    BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
+    offs = tl.arange(0, BLOCK)
+    d = tl.arange(0, HEAD_DIM)
+    p = start * PAGES_PER_BLOCK + offs // PAGE
+    page = tl.load(page_table_ptr + row * stride_pt + p, mask=p < tl.cdiv(ctx, PAGE), other=0).to(tl.int64)
+    base = page[:, None] * stride_kp + (offs % PAGE)[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
+    valid = start * BLOCK + offs < ctx
+    k = tl.load(k_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
+    return k, v, valid
+
+
+@triton.jit
+def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_lens_ptr, part_acc_ptr, part_ml_ptr,
+                         arrivals_ptr, scale, blocks_per_split,
                          stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                          PAGES_PER_BLOCK: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
-    if PDL:  # everything it reads comes from earlier kernels (see skinny_gemm)
-        tl.extra.cuda.gdc_wait()
+    split = tl.program_id(2)
+    # The context lengths (and page table) are step inputs, copied in before the step's first kernel,
+    # so they may be read before waiting on the previous kernel: splits past the context exit at once.
     ctx = tl.load(context_lens_ptr + row)
     if not DOT:
+        if PDL:  # q comes from the previous kernel (see skinny_gemm)
+            tl.extra.cuda.gdc_wait()
         _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, ctx, scale, row, kv_head, stride_qb, stride_qh,
                      stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, HEAD_DIM, PAGE,
                      PAGES_PER_BLOCK, PDL)
         return
-    g = tl.arange(0, GROUP_PAD)
-    heads = kv_head * GROUP + g
-    live = g < GROUP
-    d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=live[:, None], other=0.0)
-    q = q.to(tl.float32) * scale
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    denom = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
-    offs = tl.arange(0, BLOCK)  # token offsets of one block of pages, loaded together
-    n_pages = tl.cdiv(ctx, PAGE)
-    for start in range(0, tl.cdiv(ctx, BLOCK)):
-        p = start * PAGES_PER_BLOCK + offs // PAGE
-        page = tl.load(page_table_ptr + row * stride_pt + p, mask=p < n_pages, other=0).to(tl.int64)
-        base = page[:, None] * stride_kp + (offs % PAGE)[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
-        valid = start * BLOCK + offs < ctx
-        k = tl.load(k_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        w = tl.exp(s - m_new[:, None])
-        denom = denom * alpha + tl.sum(w, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(w, v, input_precision=PRECISION)
-        m = m_new
-    out = acc / denom[:, None]
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-    tl.store(out_ptr + row * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=live[:, None])
+    n_blocks = tl.cdiv(ctx, BLOCK)
+    first = split * blocks_per_split
+    if first < n_blocks:
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        g = tl.arange(0, GROUP_PAD)
+        heads = kv_head * GROUP + g
+        live = g < GROUP
+        d = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=live[:, None], other=0.0)
+        q = q.to(tl.float32) * scale
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        denom = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        for start in range(first, tl.minimum(first + blocks_per_split, n_blocks)):
+            k, v, valid = _load_kv_block(k_ptr, v_ptr, page_table_ptr, row, kv_head, start, ctx, stride_kp, stride_ks,
+                                         stride_kh, stride_pt, HEAD_DIM, PAGE, PAGES_PER_BLOCK)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp(m - m_new)
+            w = tl.exp(s - m_new[:, None])
+            denom = denom * alpha + tl.sum(w, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(w, v, input_precision=PRECISION)
+            m = m_new
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        out_ptrs = out_ptr + row * stride_ob + heads[:, None] * stride_oh + d[None, :]
+        n_splits = tl.cdiv(n_blocks, blocks_per_split)
+        if n_splits == 1:
+            tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
+        else:
+            pair = row * tl.num_programs(1) + kv_head
+            part = pair * tl.num_programs(2)
+            acc_tile = g[:, None] * HEAD_DIM + d[None, :]
+            tl.store(part_acc_ptr + (part + split) * GROUP_PAD * HEAD_DIM + acc_tile, acc)
+            tl.store(part_ml_ptr + (part + split) * 2 * GROUP_PAD + g, m)
+            tl.store(part_ml_ptr + (part + split) * 2 * GROUP_PAD + GROUP_PAD + g, denom)
+            tl.debug_barrier()  # every thread's partial is written before the arrival is counted
+            if tl.atomic_add(arrivals_ptr + pair, 1, sem="acq_rel") == n_splits - 1:
+                m = tl.load(part_ml_ptr + part * 2 * GROUP_PAD + g, cache_modifier=".cg")
+                denom = tl.load(part_ml_ptr + part * 2 * GROUP_PAD + GROUP_PAD + g, cache_modifier=".cg")
+                acc = tl.load(part_acc_ptr + part * GROUP_PAD * HEAD_DIM + acc_tile, cache_modifier=".cg")
+                for other in range(1, n_splits):
+                    m_o = tl.load(part_ml_ptr + (part + other) * 2 * GROUP_PAD + g, cache_modifier=".cg")
+                    d_o = tl.load(part_ml_ptr + (part + other) * 2 * GROUP_PAD + GROUP_PAD + g, cache_modifier=".cg")
+                    acc_o = tl.load(part_acc_ptr + (part + other) * GROUP_PAD * HEAD_DIM + acc_tile,
+                                    cache_modifier=".cg")
+                    m_new = tl.maximum(m, m_o)
+                    alpha, beta = tl.exp(m - m_new), tl.exp(m_o - m_new)
+                    denom = denom * alpha + d_o * beta
+                    acc = acc * alpha[:, None] + acc_o * beta[:, None]
+                    m = m_new
+                tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
+                tl.atomic_xchg(arrivals_ptr + pair, 0)  # ready for the next launch (and graph replay)
 
 
 @triton.jit
@@ -74,18 +129,12 @@ def _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, ctx, scale, row, 
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + row * stride_qb + head * stride_qh + d).to(tl.float32) * scale
     BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
-    offs = tl.arange(0, BLOCK)
     m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     denom = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     acc = tl.zeros([HEAD_DIM], tl.float32)
-    n_pages = tl.cdiv(ctx, PAGE)
     for start in range(0, tl.cdiv(ctx, BLOCK)):
-        p = start * PAGES_PER_BLOCK + offs // PAGE
-        page = tl.load(page_table_ptr + row * stride_pt + p, mask=p < n_pages, other=0).to(tl.int64)
-        base = page[:, None] * stride_kp + (offs % PAGE)[:, None] * stride_ks + head * stride_kh + d[None, :]
-        valid = start * BLOCK + offs < ctx
-        k = tl.load(k_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
+        k, v, valid = _load_kv_block(k_ptr, v_ptr, page_table_ptr, row, head, start, ctx, stride_kp, stride_ks,
+                                     stride_kh, stride_pt, HEAD_DIM, PAGE, PAGES_PER_BLOCK)
         s = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
         alpha = tl.exp(m - m_new)
@@ -105,19 +154,37 @@ def supported(head_dim: int, page_size: int) -> bool:
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
                            context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
-                           pages_per_block: int = 4, num_warps: int = 4, dot: bool | None = None) -> torch.Tensor:
+                           pages_per_block: int = 4, num_warps: int = 4, dot: bool | None = None,
+                           blocks_per_split: int = BLOCKS_PER_SPLIT) -> torch.Tensor:
     """Same contract as kernels.attention.decode_attention: q [B, H, D] -> [B, H, D]. `dot` picks the
-    tensor-core formulation (default: for GQA groups) or the reduction one (default: for MHA)."""
+    tensor-core formulation (default: for GQA groups) or the reduction one (default: for MHA); the
+    former splits contexts longer than `blocks_per_split` blocks of `pages_per_block` pages when
+    the (row, KV head) pairs alone cannot fill the GPU."""
     b, h, d = q.shape
     _, page, kvh, _ = k_pages.shape
     group = h // kvh
+    use_dot = group > 1 if dot is None else dot
+    group_pad = max(16, triton.next_power_of_2(group))
     out = torch.empty_like(q) if out is None else out
-    _paged_decode_kernel[(b, kvh)](
-        q, k_pages, v_pages, out, page_table, context_lens, scale,
+    splits = 1
+    if use_dot and b * kvh < _split_below():
+        splits = triton.cdiv(triton.cdiv(page_table.shape[1], pages_per_block), blocks_per_split)
+    # fp32 partials and int32 counters even when nothing splits: the merge is compiled either way
+    parts = b * kvh * splits if splits > 1 else 1
+    part_acc = torch.empty((parts, group_pad, d), dtype=torch.float32, device=q.device)
+    part_ml = torch.empty((parts, 2, group_pad), dtype=torch.float32, device=q.device)
+    arrivals = arrival_counters(q.device, b * kvh)
+    _paged_decode_kernel[(b, kvh, splits)](
+        q, k_pages, v_pages, out, page_table, context_lens, part_acc, part_ml, arrivals, scale, blocks_per_split,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         out.stride(0), out.stride(1), page_table.stride(0),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page,
-        PAGES_PER_BLOCK=pages_per_block,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DOT=group > 1 if dot is None else dot,
-        num_warps=num_warps, **pdl_args())
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, PAGE=page, PAGES_PER_BLOCK=pages_per_block,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DOT=use_dot, num_warps=num_warps, **pdl_args())
     return out
+
+
+def _split_below() -> int:
+    """Split contexts while (row, KV head) pairs number fewer than twice the SMs (always when interpreted)."""
+    if INTERPRET:
+        return 1 << 30
+    return 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count

@@ -160,7 +160,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     partial, arrivals = out, out
     if cfg.split_k > 1:
         partial = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
-        arrivals = _arrival_counters(x.device, tiles)
+        arrivals = arrival_counters(x.device, tiles)
     _skinny_linear_kernel[(tiles, cfg.split_k)](
         x, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
         partial, arrivals, m, n, k, k_split, act_from,
@@ -175,10 +175,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 _ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
-def _arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """Zeroed int32 counters, one per output tile, shared by every split-K launch on the current
-    stream (launches on one stream run one after another, and each leaves its counters at zero).
-    Made outside graph capture: the decode graphs' warm-up calls every shape first."""
+def arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed int32 counters (one per output tile, or per attention row and head), shared by every
+    split launch on the current stream (launches on one stream run one after another, and each
+    leaves its counters at zero). Made outside graph capture: the decode graphs' warm-up calls
+    every shape first."""
     key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
     counters = _ARRIVALS.get(key)
     if counters is None or counters.numel() < tiles:
