@@ -18,9 +18,7 @@ On Hopper the kernels of a step launch with programmatic dependent launch (PDL):
 program of a kernel has finished its main loop (`gdc_launch_dependents`), the next kernel's
 programs are launched and wait (`gdc_wait`) for the grid's completion before reading anything,
 which hides most of the launch gap between dependent kernels. Triggering only after the main
-loop keeps waiting programs from taking SM slots a many-wave grid still needs. A launched program
-asks L2 for its weight rows before it waits (weights do not depend on the previous kernel), so
-their first trip to memory overlaps the previous kernel's tail instead of following it."""
+loop keeps waiting programs from taking SM slots a many-wave grid still needs."""
 from __future__ import annotations
 
 import functools
@@ -30,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRET, pdl_args, use_pdl
+from . import INTERPRET, pdl_args
 
 ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2, "swiglu": 3}
 
@@ -92,23 +90,11 @@ def _row_rstd(x_ptr, rm, M, stride_xm, eps, NORM_K: tl.constexpr, BLOCK_M: tl.co
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, rn, N, k_start, K, K_SPLIT, stride_wn):
-    """One bulk L2 prefetch (Hopper) per weight row of this program's [BLOCK_N, K range] tile."""
-    nbytes = (tl.minimum(K_SPLIT, K - k_start) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)).to(tl.int32)
-    rows = tl.minimum(rn, N - 1)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [w_ptr + rows * stride_wn + k_start, nbytes + tl.zeros_like(rows)], dtype=tl.int32, is_pure=False,
-        pack=1)
-
-
-@triton.jit
 def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, M, N, K, K_SPLIT,
                           ACT_FROM, rms_eps, stride_xm, stride_wn, stride_rm, stride_om, NORM_K: tl.constexpr,
                           HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, UPCAST: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
-                          PREFETCH: tl.constexpr):
+                          EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
     sums the partials in split order (deterministic), runs the epilogue and resets the counter.
@@ -123,8 +109,6 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     col_ok = rn < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_start = pid_k * K_SPLIT
-    if PREFETCH:
-        _prefetch_rows(w_ptr, rn, N, k_start, K, K_SPLIT, stride_wn)
     if PDL:  # x (and the arrival counters) come from earlier kernels
         tl.extra.cuda.gdc_wait()
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
@@ -202,8 +186,6 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if cfg.split_k > 1:
         partial = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
         arrivals = arrival_counters(x.device, tiles)
-    size = weight.element_size()  # bulk prefetches take 16-byte aligned addresses and sizes
-    prefetch = use_pdl() and weight.data_ptr() % 16 == 0 and weight.stride(0) * size % 16 == 0 and k * size % 16 == 0
     _skinny_linear_kernel[(tiles, cfg.split_k)](
         x, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
         partial, arrivals, m, n, k, k_split, act_from, rms_eps or 0.0,
@@ -212,7 +194,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
-        SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, PREFETCH=prefetch,
+        SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_args())
     return out
 
