@@ -124,36 +124,6 @@ def test_skinny_linear_matches_reference(m, n, k, dtype, bias, act, residual, sp
         assert torch.isfinite(out).all() and err < (1e-5 if dtype == torch.float32 else bf16_tol), err
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 48, 64), (5, 32, 192), (33, 64, 200)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("act,bias", [(None, True), ("swiglu", False)])
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_rms_norm_folded_into_the_linear_layer(m, n, k, dtype, act, bias, split_k):
-    """An RMSNorm (weight g) in front of a linear layer = the layer with g folded into W and `rms_eps`:
-    the kernel scales its sums by each row's 1/rms (computed after the main loop, or by the last
-    split), against the unfused formula in float64; the reference path agrees too."""
-    from slipstream.kernels.linear import fold_norm, linear_reference
-    from slipstream.kernels.skinny_gemm import Config, skinny_linear
-
-    g = torch.Generator().manual_seed(m + n + k)
-    def mk(*shape, s=1.0):
-        return (torch.randn(*shape, generator=g) * s).to(dtype).to(DEVICE)
-
-    x, w, norm_w = mk(m, k + 8, s=3.0)[:, 8:], mk(n, k, s=0.25), mk(k)
-    b = mk(n) if bias else None
-    xd = x.double()
-    normed = norm_w.double() * xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)
-    want = linear_reference(normed, w.double(), None if b is None else b.double(), act)
-    folded = fold_norm(w, norm_w)
-    out = torch.full_like(want, float("nan"), dtype=dtype)
-    skinny_linear(x, folded, b, act, rms_eps=1e-5, out=out, config=Config(16, 32, 4, 1, split_k))
-    via_reference = linear_reference(x, folded, b, act, rms_eps=1e-5)
-    tol = 1e-5 if dtype == torch.float32 else 3e-2
-    for got in (out, via_reference):
-        err = (got.double() - want).norm() / want.norm()
-        assert torch.isfinite(got).all() and err < tol, err
-
-
 def test_linear_dispatch_agrees_with_reference_in_bf16():
     """The fused kernel rounds where torch rounds (after the GEMM, the activation, the residual add), so
     the two paths differ only by accumulation order."""

@@ -1,5 +1,4 @@
-"""The models' linear layer with its neighbours fused: `act(norm(x) @ W.T + bias) + residual`, where
-the norm is an RMSNorm whose weight was folded into W (see skinny_gemm).
+"""The models' linear layer with its neighbours fused: `act(x @ W.T + bias) + residual`.
 
 Decode steps on CUDA (at most MAX_ROWS rows) run the Triton skinny GEMM, one launch with the
 epilogue inside; everything else (long prefills, the CPU) runs the torch reference, whose
@@ -16,9 +15,7 @@ MAX_ROWS = 64  # decode batches up to this size run the skinny GEMM
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
                      residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
-                     out: torch.Tensor | None = None, rms_eps: float | None = None) -> torch.Tensor:
-    if rms_eps is not None:  # normalized in fp32 and cast back, as transformers does (the weight is in W)
-        x = F.rms_norm(x.float(), (x.shape[-1],), eps=rms_eps).to(x.dtype)
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     y = F.linear(x, weight, bias)
     if act == "swiglu":
         gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
@@ -35,22 +32,16 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
            residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
-           out: torch.Tensor | None = None, rms_eps: float | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, K] -> [rows, N]. `act`: None; "gelu_tanh" or "gelu", applied to the output columns
     from `act_from` on; or "swiglu", for weight rows interleaving gate and up (see
     `interleave_gate_up`), giving [rows, N / 2]. `residual` is added last; `out` (a view, e.g.
-    columns of a wider buffer) receives the result. `rms_eps`: x is RMS-normalized first, the
-    norm's weight having been folded into `weight` (`fold_norm`)."""
+    columns of a wider buffer) receives the result."""
     if triton_rows(x) and x.shape[0] <= MAX_ROWS:
         from .skinny_gemm import skinny_linear
 
-        return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out, rms_eps)
-    return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out, rms_eps)
-
-
-def fold_norm(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
-    """W with an RMSNorm's weight g multiplied into its columns: `W @ (g * x) = (W g) @ x`."""
-    return (weight.float() * norm_weight.float()).to(weight.dtype)
+        return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out)
+    return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out)
 
 
 def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

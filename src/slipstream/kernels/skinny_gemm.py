@@ -1,5 +1,5 @@
-"""Triton: `y = act(rms(x) * (x @ W.T) + bias) + residual` for decode's few rows (M <= 64), with the
-epilogue (the RMSNorm's 1/rms, bias, GELU or SwiGLU, residual add, the cast to the output dtype) fused in.
+"""Triton: `y = act(x @ W.T + bias) + residual` for decode's few rows (M <= 64), with the epilogue
+(bias, GELU or SwiGLU, residual add, the cast to the output dtype) fused in.
 
 At decode batch sizes a linear layer is a stream over its weights: each program owns BLOCK_N
 output features for all M rows and walks K (or a slice of it: split-K), so every weight byte is
@@ -7,12 +7,7 @@ read once; x (a few KB) stays in L2. cuBLAS reaches ~60% of copy bandwidth at th
 needs separate kernels for the activation and the residual add; fusing them removes launches,
 which at ~3 us each are most of a small model's step. Intermediate results are rounded to the
 activation dtype where the unfused torch path rounds them, so both paths give the same numbers up
-to accumulation order (and, with the norm folded in, the rounding of the normalized input).
-
-An RMSNorm in front of a linear layer folds into it: with its weight g multiplied into W's columns
-at load time, `W @ (g * x / rms(x)) = (W g) @ x / rms(x)`, so the GEMM streams the raw x and scales
-its sums by each row's 1/rms, computed after the main loop from x (a few KB, hot in L2). That
-saves the norm's launch, and the normalized x is never written.
+to accumulation order.
 
 On Hopper the kernels of a step launch with programmatic dependent launch (PDL): once every
 program of a kernel has finished its main loop (`gdc_launch_dependents`), the next kernel's
@@ -77,28 +72,14 @@ def _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm
 
 
 @triton.jit
-def _row_rstd(x_ptr, rm, M, stride_xm, eps, NORM_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1 / rms of x's rows (fp32). The loop is unrolled so its loads are in flight together."""
-    rk = tl.arange(0, BLOCK_K)
-    ss = tl.zeros([BLOCK_M], tl.float32)
-    for k0 in tl.static_range(0, NORM_K, BLOCK_K):
-        kk = k0 + rk
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm < M)[:, None] & (kk < NORM_K)[None, :],
-                    other=0.0).to(tl.float32)
-        ss += tl.sum(x * x, axis=1)
-    return tl.rsqrt(ss / NORM_K + eps)
-
-
-@triton.jit
 def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, M, N, K, K_SPLIT,
-                          ACT_FROM, rms_eps, stride_xm, stride_wn, stride_rm, stride_om, NORM_K: tl.constexpr,
+                          ACT_FROM, stride_xm, stride_wn, stride_rm, stride_om,
                           HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, UPCAST: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
-    sums the partials in split order (deterministic), runs the epilogue and resets the counter.
-    NORM_K > 0 (= K) folds an RMSNorm in: the sums are scaled by the rows' 1/rms first."""
+    sums the partials in split order (deterministic), runs the epilogue and resets the counter."""
     act_dtype = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -128,8 +109,6 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     if PDL:  # the next kernel may start its launch now; it waits for this grid to finish before it reads
         tl.extra.cuda.gdc_launch_dependents()
     if SPLIT_K == 1:
-        if NORM_K > 0:
-            acc = acc * _row_rstd(x_ptr, rm, M, stride_xm, rms_eps, NORM_K, BLOCK_M, BLOCK_K)[:, None]
         _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
                   HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
     else:
@@ -141,8 +120,6 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in range(SPLIT_K):
                 acc += tl.load(partial_ptr + s * M * N + tile, mask=tile_ok, other=0.0, cache_modifier=".cg")
-            if NORM_K > 0:
-                acc = acc * _row_rstd(x_ptr, rm, M, stride_xm, rms_eps, NORM_K, BLOCK_M, BLOCK_K)[:, None]
             _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
                       HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
             tl.atomic_xchg(arrivals_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
@@ -166,12 +143,10 @@ def default_config(m: int, n: int, k: int) -> Config:
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
                   residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
-                  out: torch.Tensor | None = None, rms_eps: float | None = None,
-                  config: Config | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, config: Config | None = None) -> torch.Tensor:
     """x [M, K], weight [N, K] -> [M, N] with M <= 64 ([M, N / 2] for "swiglu", whose weight rows
-    interleave gate and up); GELU applies to output columns from `act_from` on; `rms_eps` folds an
-    RMSNorm of x in (its weight already multiplied into `weight`). Rows of x, residual and out may
-    be strided; features must be contiguous."""
+    interleave gate and up); GELU applies to output columns from `act_from` on. Rows of x,
+    residual and out may be strided; features must be contiguous."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= 64 and weight.shape[1] == k, (x.shape, weight.shape)
@@ -188,14 +163,12 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         arrivals = arrival_counters(x.device, tiles)
     _skinny_linear_kernel[(tiles, cfg.split_k)](
         x, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
-        partial, arrivals, m, n, k, k_split, act_from, rms_eps or 0.0,
+        partial, arrivals, m, n, k, k_split, act_from,
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
-        NORM_K=k if rms_eps is not None else 0,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
-        SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_args())
+        SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args())
     return out
 
 

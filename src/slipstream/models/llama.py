@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..kernels.attention import AttentionInputs, rotary_paged_attention
-from ..kernels.linear import fold_norm, interleave_gate_up, linear
+from ..kernels.linear import interleave_gate_up, linear
 from ..kv_cache import KVCache
 from .config import ModelConfig
 from .layers import RMSNorm, Rotary, frozen_linear, fuse_linears
@@ -31,18 +31,15 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.scale = self.d ** -0.5
 
-    def fuse(self, norm: RMSNorm) -> None:
-        """Replace q/k/v projections (loaded under HF names) by one GEMM, with the RMSNorm in front of
-        them folded in."""
-        qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
-        self.qkv_proj = frozen_linear(fold_norm(qkv.weight, norm.weight), qkv.bias)
-        self.rms_eps = norm.eps
+    def fuse(self) -> None:
+        """Replace q/k/v projections (loaded under HF names) by one GEMM."""
+        self.qkv_proj = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor], residual: torch.Tensor) -> torch.Tensor:
-        """`residual` + attention of the normalized `x` (the sum is the output projection's epilogue)."""
-        qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias, rms_eps=self.rms_eps)
+        """`residual` + attention of `x` (the sum is the output projection's epilogue)."""
+        qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
         o = self.attend(qkv, rope, attn, pages).flatten(1)
         out = getattr(self, self.out_name)
         return linear(o, out.weight, out.bias, residual=residual)
@@ -63,18 +60,16 @@ class LlamaMLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def fuse(self, norm: RMSNorm) -> None:
-        """One [gate; up] GEMM with interleaved rows and SwiGLU in its epilogue, with the RMSNorm in
-        front of it folded in."""
+    def fuse(self) -> None:
+        """One [gate; up] GEMM with interleaved rows and SwiGLU in its epilogue."""
         g, u = self.gate_proj, self.up_proj
         bias = interleave_gate_up(g.bias, u.bias) if g.bias is not None else None
-        self.gate_up_proj = frozen_linear(fold_norm(interleave_gate_up(g.weight, u.weight), norm.weight), bias)
-        self.rms_eps = norm.eps
+        self.gate_up_proj = frozen_linear(interleave_gate_up(g.weight, u.weight), bias)
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """`residual` + down(silu(gate) * up) of the normalized `x`."""
-        hidden = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, act="swiglu", rms_eps=self.rms_eps)
+        """`residual` + down(silu(gate) * up)."""
+        hidden = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, act="swiglu")
         return linear(hidden, self.down_proj.weight, self.down_proj.bias, residual=residual)
 
 
@@ -87,16 +82,13 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 
     def fuse(self) -> None:
-        """Each RMSNorm goes into the GEMM that reads its output (see kernels.skinny_gemm): the
-        layer's decode step is six launches instead of eight."""
-        self.self_attn.fuse(self.input_layernorm)
-        self.mlp.fuse(self.post_attention_layernorm)
-        del self.input_layernorm, self.post_attention_layernorm
+        self.self_attn.fuse()
+        self.mlp.fuse()
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x = self.self_attn(x, rope, attn, pages, residual=x)
-        return self.mlp(x, residual=x)
+        x = self.self_attn(self.input_layernorm(x), rope, attn, pages, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class LlamaBackbone(nn.Module):
