@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# A/B of kernel variants in one device call: the decode bench for each source tree named, the
+# working tree's src/ ("head") and any carried under .variants/NAME/src (e.g. made with
+# `git archive COMMIT src | tar x -C .variants/NAME`), alternating so drift hits all alike.
+# Usage: bash scripts/ab_bench.sh MODEL STREAMS NAME... (results in $OUT/ab/MODEL.NAME.json)
+set -uo pipefail
+model=$1 streams=$2
+shift 2
+mkdir -p "${OUT:-results}/ab"
+for name in "$@"; do
+  src=src
+  [ "$name" != head ] && src=.variants/$name/src
+  echo "== $model $name"
+  PYTHONPATH=$src SLIPSTREAM_CACHE=/tmp/slipstream-cache timeout 120 python3 -m slipstream bench --model "random:$model" \
+    --streams "$streams" --mode pipelined --prompt-tokens 64 --max-tokens 128 --profile \
+    --out "${OUT:-results}/ab/$model.$name.json" 2>/dev/null | tail -4
+done
