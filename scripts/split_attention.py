@@ -23,5 +23,5 @@ for b in (1, 8):
             lambda: paged_decode_attention(q, kp, vp, table, lens, 0.125, blocks_per_split=1 << 20),
             return_mode="median")
         kv_mb = 2 * b * ctx * kvh * d * 2 / 1e6
-        print(f"{b:>4} {ctx:>7} {kv_mb:>6.1f} {split * 1e3:>9.1f} {kv_mb / split / 1e6:>5.2f} {whole * 1e3:>10.1f}",
+        print(f"{b:>4} {ctx:>7} {kv_mb:>6.1f} {split * 1e3:>9.1f} {kv_mb / split / 1e3:>5.2f} {whole * 1e3:>10.1f}",
               flush=True)
