@@ -183,3 +183,44 @@ def test_layer_norm_kernel_matches_torch(rows, d, dtype):
     layer_norm(x, w, b, 1e-5, out=got)
     err = (got.double() - want).norm() / want.norm()
     assert err < (1e-6 if dtype == torch.float32 else 1e-2), err
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_sample_matches_the_torch_sampler(masked):
+    """Greedy and tempered rows side by side over a vocabulary of three chunks: the kernel's token is
+    the torch path's (bitmask, argmax, Gumbel noise from the same counter hash); the second launch
+    checks that the first left its arrival counters reset."""
+    from slipstream.kernels.sample import CHUNK, fused_sample
+    from slipstream.sampling import apply_bitmask, gumbel_noise, gumbel_row_key
+
+    rows, vocab = 6, 2 * CHUNK + 1234
+    g = torch.Generator().manual_seed(int(masked))
+    logits = (torch.randn(rows, vocab, generator=g) * 3).to(DEVICE)
+    words = torch.randint(-2**31, 2**31 - 1, (rows, -(-vocab // 32)), generator=g, dtype=torch.int32).to(DEVICE)
+    mask = words if masked else None
+    temperature = torch.tensor([0.0, 0.7, 1.0, 0.0, 1.5, 0.3], dtype=torch.float64, device=DEVICE)
+    seeds = torch.randint(0, 2**62, (rows,), generator=g).to(DEVICE)
+    token_index = torch.arange(rows, device=DEVICE) * 5
+    ref = apply_bitmask(logits, words) if masked else logits
+    noisy = ref / temperature.float().clamp_min(1e-6)[:, None] + gumbel_noise(seeds, token_index, vocab)
+    want = torch.where(temperature > 0, noisy.argmax(-1), ref.argmax(-1))
+    for _ in range(2):
+        out = torch.full((rows,), -1, dtype=torch.int64, device=DEVICE)
+        fused_sample(logits, mask, temperature, gumbel_row_key(seeds, token_index), out=out)
+        assert out.tolist() == want.tolist()
+    greedy = fused_sample(logits, mask, torch.zeros_like(temperature), None)
+    assert greedy.tolist() == ref.argmax(-1).tolist()
+
+
+def test_fused_sample_breaks_ties_and_empty_masks_like_torch_argmax():
+    """Equal maxima in different chunks give the lowest index; a row whose mask allows nothing gives 0."""
+    from slipstream.kernels.sample import CHUNK, fused_sample
+
+    vocab = 2 * CHUNK + 5
+    logits = torch.zeros(3, vocab, device=DEVICE)
+    logits[0, [CHUNK + 7, 3, 2 * CHUNK + 1]] = 2.0
+    logits[1, [2 * CHUNK + 4, CHUNK]] = 1.0
+    words = torch.full((3, -(-vocab // 32)), -1, dtype=torch.int32, device=DEVICE)
+    words[2] = 0
+    tokens = fused_sample(logits, words, torch.zeros(3, device=DEVICE), None)
+    assert tokens.tolist() == [3, CHUNK, 0] == logits.masked_fill(words[:, :1] == 0, float("-inf")).argmax(-1).tolist()

@@ -13,6 +13,8 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
+from .kernels import triton_rows
+
 _M32 = 0xFFFFFFFF
 
 
@@ -159,9 +161,14 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
+def gumbel_row_key(seeds: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
+    """The 32-bit hash key of each row's (seed, token index), which the noise mixes with vocab ids."""
+    return _mix32(_mix32(seeds ^ (seeds >> 32)) ^ _mix32(token_index * 0x1B873593 + 0x68E31DA4))
+
+
 def gumbel_noise(seeds: torch.Tensor, token_index: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Gumbel(0, 1) noise of shape [rows, vocab_size] from (seed, token index, vocab id)."""
-    row_key = _mix32(_mix32(seeds ^ (seeds >> 32)) ^ _mix32(token_index * 0x1B873593 + 0x68E31DA4))
+    row_key = gumbel_row_key(seeds, token_index)
     vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     h = _mix32(row_key[:, None] ^ _mix32(vocab + 0x5BD1E995)[None, :])
     u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
@@ -201,12 +208,19 @@ def apply_filters(scaled: torch.Tensor, p: SamplerInputs) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, p: SamplerInputs, mask_words: torch.Tensor | None,
            counts: torch.Tensor | None = None, prompt_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """One token per row: argmax where temperature is 0, else argmax(filtered logits / T + Gumbel)."""
+    """One token per row: argmax where temperature is 0, else argmax(filtered logits / T + Gumbel).
+    On CUDA, steps without top-k/top-p/min-p take one fused kernel (kernels.sample) after the
+    penalties; the result is the same (penalties leave masked-out logits at -inf)."""
     logits = logits.float()
-    if mask_words is not None:
-        logits = apply_bitmask(logits, mask_words)
     if p.any_penalty:
         logits = apply_penalties(logits, counts, prompt_mask, p)
+    if triton_rows(logits) and not p.any_filter:
+        from .kernels.sample import fused_sample
+
+        row_key = gumbel_row_key(p.seeds, p.token_index) if p.any_random else None
+        return fused_sample(logits, mask_words, p.temperature, row_key)
+    if mask_words is not None:
+        logits = apply_bitmask(logits, mask_words)
     greedy = logits.argmax(dim=-1)
     if not p.any_random:
         return greedy
