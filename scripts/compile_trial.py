@@ -5,7 +5,9 @@ in one CUDA graph and replayed (ms per step, median of 200 replays):
   triton            slipstream's kernels, as served;
   inductor          the same forward with slipstream's Triton dispatch off (the torch reference
                     path: cuBLAS GEMMs, torch norms, rotary and paged attention), compiled by
-                    torch.compile (default mode; the graph capture is ours);
+                    torch.compile (default mode; the graph capture is ours). The KV write stays
+                    eager (a graph break per layer): compiled, the in-place write into the cache
+                    is functionalized into a copy of the whole cache;
   inductor+triton   compiled with slipstream's kernels left in (dynamo sees user Triton kernels).
 A form that fails to compile is reported with its error. Usage:
   python scripts/compile_trial.py random:qwen2.5-0.5b 32 [forms, comma-separated]"""
@@ -23,7 +25,8 @@ rows = int(sys.argv[2]) if len(sys.argv) > 2 else 32
 forms = sys.argv[3].split(",") if len(sys.argv) > 3 else ["triton", "inductor", "inductor+triton"]
 ctx = 128
 
-core = EngineCore(EngineConfig(model=model, max_num_seqs=rows, cuda_graphs=False), lambda seq: None)
+core = EngineCore(EngineConfig(model=model, max_num_seqs=rows, cuda_graphs=False, num_pages=rows * ctx // 16 + 2),
+                  lambda seq: None)
 runner = core.runner
 slot, ps = runner.slots[0], runner.page_size
 width = ctx // ps
@@ -39,8 +42,12 @@ runner.layer.upload(slot.meta_dev, slot.meta_host)
 torch.cuda.synchronize()
 
 
+eager_write_kv = attention.write_kv
+
+
 def set_triton(on: bool) -> None:
     kernels.HAS_TRITON = attention.HAS_TRITON = on
+    attention.write_kv = eager_write_kv if on else torch._dynamo.disable(eager_write_kv)
 
 
 def time_graph(fn) -> float:

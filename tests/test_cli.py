@@ -19,6 +19,9 @@ def test_make_random_generate_and_bench(tmp_path, capsys):
     assert {(r["mode"], r["streams"]) for r in results} == {(m, s) for m in ("pipelined", "blocking") for s in (1, 2)}
     assert all(r["output_tokens"] == 4 * r["streams"] for r in results)
     assert "pipelined/blocking" in capsys.readouterr().out
+    assert main(["bench", "--model", str(ckpt), "--device", "cpu", "--streams", "2", "--mode", "pipelined",
+                 "--max-tokens", "4", "--prompt-tokens", "4", "--temperature", "0.8", "--out", str(out)]) == 0
+    assert [(r["workload"], r["output_tokens"]) for r in json.loads(out.read_text())["results"]] == [("sampled0.8", 8)]
 
 
 def test_errors_are_messages(tmp_path, capsys):

@@ -8,6 +8,8 @@ hand-off of every text delta to a consumer thread, as a server would).
   other, so prefill and admission dominate (the point-and-detect case); reports requests/s.
 - zombie: outputs ended by a stop token (a zombie step follows) vs the same tokens ended by max_tokens.
 - constrained (json<fraction>): the decode workload with a fraction of streams under a JSON schema.
+- `temperature` > 0 (sampled<T>): the decode workload drawing tokens at that temperature, one seed
+  per stream.
 On a GPU each run also measures copy bandwidth and reports the floor (DESIGN §5) beside each figure."""
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from .sampling import SamplingParams
 
 @dataclass
 class BenchResult:
-    workload: str  # "decode" | "short" | "zombie-eos" | "zombie-len" | "json<fraction>"
+    workload: str  # "decode" | "sampled<T>" | "short" | "zombie-eos" | "zombie-len" | "json<fraction>"
     mode: str
     streams: int
     prompt_tokens: int
@@ -74,14 +76,16 @@ JSON_BENCH_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}
 
 
 def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: int = 0,
-             constrained: float = 0.0) -> BenchResult:
-    """The decode workload; `constrained` is the fraction of streams under a JSON schema."""
+             constrained: float = 0.0, temperature: float = 0.0) -> BenchResult:
+    """The decode workload; `constrained` is the fraction of streams under a JSON schema, the others
+    sample at `temperature` (0: greedy)."""
     rng = random.Random(seed)
     vocab = llm.core.model_config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(streams)]
     n_json = round(constrained * streams)
     params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, json_schema=JSON_BENCH_SCHEMA)] * n_json
-    params += [SamplingParams(max_tokens=max_tokens, ignore_eos=True)] * (streams - n_json)
+    params += [SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature, seed=i)
+               for i in range(streams - n_json)]
     log = llm.core.scheduler.commit_log
     log.clear()
     consumer = Consumer()
@@ -90,8 +94,8 @@ def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: 
     outs = [llm.result(i) for i in ids]
     wall = time.perf_counter() - t0
     consumer.close()
-    return _result(llm, f"json{constrained:g}" if constrained else "decode", streams, prompt_tokens, max_tokens,
-                   outs, wall)
+    label = f"json{constrained:g}" if constrained else f"sampled{temperature:g}" if temperature else "decode"
+    return _result(llm, label, streams, prompt_tokens, max_tokens, outs, wall)
 
 
 def run_short_case(llm: LLM, streams: int, prompt_tokens: int, requests_per_stream: int = 16,
@@ -180,7 +184,7 @@ def floor_ms(llm: LLM, streams: int, context: int, bandwidth: float) -> float:
 
 def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: int, max_tokens: int,
         device: str | None, dtype: str, out: Path | None, workload: str = "decode",
-        profile: bool = False, constrained: list[float] | None = None) -> list[BenchResult]:
+        profile: bool = False, constrained: list[float] | None = None, temperature: float = 0.0) -> list[BenchResult]:
     """Run one workload for every mode and stream count; print a table, write JSON (and PNGs)."""
     results, profiles, floors, engine_stats = [], {}, {}, {}
     bar = tqdm(total=len(streams) * len(modes), desc="bench", unit="case")
@@ -193,7 +197,8 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
             if llm.core.config.device.type == "cuda" and bandwidth is None:
                 bandwidth = copy_bandwidth()
             for n in sorted(set(streams)):  # warm-up: each batch shape's first use, the grammar's compile
-                run_case(llm, n, prompt_tokens, 8, seed=99, constrained=1.0 if workload == "constrained" else 0.0)
+                run_case(llm, n, prompt_tokens, 8, seed=99, constrained=1.0 if workload == "constrained" else 0.0,
+                         temperature=temperature)
             for n in streams:
                 bar.set_postfix_str(f"{mode} x{n}")
                 if workload == "short":
@@ -209,7 +214,7 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
                 else:
                     if profile and n == max(streams):
                         profiles[mode] = llm.core.runner.profiler = _new_profiler(llm)
-                    results.append(run_case(llm, n, prompt_tokens, max_tokens))
+                    results.append(run_case(llm, n, prompt_tokens, max_tokens, temperature=temperature))
                     llm.core.runner.profiler = None
                 if bandwidth:
                     floors[n] = floor_ms(llm, n, prompt_tokens + max_tokens // 2, bandwidth)

@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--zombie", action="store_true", help="the zombie tax: stop-token ends vs max_tokens ends")
     b.add_argument("--constrained", type=_csv(float), default=None,
                    help="fractions of streams under a JSON schema, e.g. 0,0.5,1 (structured-output cost)")
+    b.add_argument("--temperature", type=float, default=0.0,
+                   help="decode workload: sample at this temperature (one seed per stream) instead of greedy")
     b.add_argument("--profile", action="store_true",
                    help="GPU: per-step forward/sampling/bookkeeping/idle split and a PNG timeline")
     b.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         workload = ("short" if args.short else "zombie" if args.zombie
                     else "constrained" if args.constrained is not None else "decode")
         run(args.model, args.streams, args.mode, args.prompt_tokens, args.max_tokens, args.device, args.dtype,
-            args.out, workload, args.profile, args.constrained)
+            args.out, workload, args.profile, args.constrained, args.temperature)
         return 0
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"slipstream: error: {e}", file=sys.stderr)
