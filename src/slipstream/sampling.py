@@ -161,14 +161,9 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
-def gumbel_row_key(seeds: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
-    """The 32-bit hash key of each row's (seed, token index), which the noise mixes with vocab ids."""
-    return _mix32(_mix32(seeds ^ (seeds >> 32)) ^ _mix32(token_index * 0x1B873593 + 0x68E31DA4))
-
-
 def gumbel_noise(seeds: torch.Tensor, token_index: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Gumbel(0, 1) noise of shape [rows, vocab_size] from (seed, token index, vocab id)."""
-    row_key = gumbel_row_key(seeds, token_index)
+    row_key = _mix32(_mix32(seeds ^ (seeds >> 32)) ^ _mix32(token_index * 0x1B873593 + 0x68E31DA4))
     vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     h = _mix32(row_key[:, None] ^ _mix32(vocab + 0x5BD1E995)[None, :])
     u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
@@ -217,8 +212,7 @@ def sample(logits: torch.Tensor, p: SamplerInputs, mask_words: torch.Tensor | No
     if triton_rows(logits) and not p.any_filter:
         from .kernels.sample import fused_sample
 
-        row_key = gumbel_row_key(p.seeds, p.token_index) if p.any_random else None
-        return fused_sample(logits, mask_words, p.temperature, row_key)
+        return fused_sample(logits, mask_words, p.temperature, p.seeds if p.any_random else None, p.token_index)
     if mask_words is not None:
         logits = apply_bitmask(logits, mask_words)
     greedy = logits.argmax(dim=-1)

@@ -1,6 +1,7 @@
 """Triton: one token per row from fp32 logits in one pass — the grammar bitmask applied, greedy
 argmax, and for rows with a temperature the Gumbel-max draw argmax(logits / T + noise), the noise
-hashed in registers from (seed, token index, vocab id) exactly as `sampling.gumbel_noise` does.
+hashed in registers from (seed, token index, vocab id) exactly as `sampling.gumbel_noise` does
+(the row's key too, so a sampled step costs no kernel besides this one).
 
 The torch path materializes the expanded mask, the tempered logits and five [rows, vocab] int64
 tensors of hash state per step (tens of kernels over 5-20 MB each at decode batch sizes); this
@@ -32,7 +33,17 @@ def _mix32(x):
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, mask_ptr, temperature_ptr, row_key_ptr, part_ptr, arrivals_ptr, out_ptr, V,
+def _row_key(seeds_ptr, token_index_ptr, row):
+    """The row key of sampling.gumbel_noise (int64 products may wrap; their low 32 bits are exact)."""
+    seed = tl.load(seeds_ptr + row)
+    index = tl.load(token_index_ptr + row)
+    from_seed = _mix32(((seed ^ (seed >> 32)) & 0xFFFFFFFF).to(tl.uint32))
+    from_index = _mix32(((index * 0x1B873593 + 0x68E31DA4) & 0xFFFFFFFF).to(tl.uint32))
+    return _mix32(from_seed ^ from_index)
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, mask_ptr, temperature_ptr, seeds_ptr, token_index_ptr, part_ptr, arrivals_ptr, out_ptr, V,
                    stride_l, stride_m, HAS_MASK: tl.constexpr, RANDOM: tl.constexpr, CHUNK: tl.constexpr,
                    BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -40,7 +51,7 @@ def _sample_kernel(logits_ptr, mask_ptr, temperature_ptr, row_key_ptr, part_ptr,
     n_chunks = tl.num_programs(1)
     temperature = tl.load(temperature_ptr + row).to(tl.float32)
     if RANDOM:
-        key = (tl.load(row_key_ptr + row) & 0xFFFFFFFF).to(tl.uint32)
+        key = _row_key(seeds_ptr, token_index_ptr, row)
     best_g = tl.full([BLOCK], float("-inf"), tl.float32)
     best_gi = tl.zeros([BLOCK], tl.int32)
     best_n = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -96,20 +107,22 @@ def _best(vals, idx):
 
 
 def fused_sample(logits: torch.Tensor, mask_words: torch.Tensor | None, temperature: torch.Tensor,
-                 row_key: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+                 seeds: torch.Tensor | None, token_index: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """logits [rows, V] fp32 -> int64 token per row. `mask_words` [rows, ceil(V / 32)] int32 packed
-    bitmask (None: all allowed); `temperature` [rows] (0: greedy); `row_key` [rows] int64, the
-    per-row hash key of `sampling.gumbel_row_key`, or None when every row is greedy. Rows with a
-    temperature draw argmax(logits / T + Gumbel noise), the others argmax(logits)."""
+    bitmask (None: all allowed); `temperature` [rows] (0: greedy); `seeds` and `token_index`
+    [rows] int64 key the noise, None when every row is greedy. Rows with a temperature draw
+    argmax(logits / T + Gumbel noise), the others argmax(logits)."""
     rows, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(-1) == 1
     chunks = triton.cdiv(vocab, CHUNK)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device) if out is None else out
     part = torch.empty((rows, chunks, 4), dtype=torch.float32, device=logits.device)
-    random = row_key is not None
+    random = seeds is not None
     _sample_kernel[(rows, chunks)](
         logits, mask_words if mask_words is not None else logits, temperature,
-        row_key if random else temperature, part, arrival_counters(logits.device, rows), out, vocab,
+        seeds if random else temperature, token_index if random else temperature, part,
+        arrival_counters(logits.device, rows), out, vocab,
         logits.stride(0), mask_words.stride(0) if mask_words is not None else 0,
         HAS_MASK=mask_words is not None, RANDOM=random, CHUNK=CHUNK, BLOCK=1024, num_warps=4)
     return out
