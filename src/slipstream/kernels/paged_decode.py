@@ -1,7 +1,8 @@
 """Triton paged-decode attention: one query token per row over that row's KV pages.
 
 One program per (row, KV head) walks the row's pages up to its context length, a block of
-`pages_per_block` pages per iteration (their loads in flight together), with an online softmax,
+`pages_per_block` pages per iteration (their loads in flight together, the next block's
+page-table entries loaded a block ahead), with an online softmax,
 serving all query heads of the GQA group at once (padded to 16 rows for tl.dot; fp32 inputs use
 IEEE dots, half-precision inputs TF32 on their fp32 upcast). The page table has a fixed width and
 the context lengths live on the device, so one launch shape serves every step of a batch-size
@@ -27,15 +28,21 @@ BLOCKS_PER_SPLIT = 8  # blocks of pages one program walks before the context is 
 
 
 @triton.jit
-def _load_kv_block(k_ptr, v_ptr, page_table_ptr, row, kv_head, start, ctx, stride_kp, stride_ks, stride_kh, stride_pt,
-                   HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr):
-    """K and V (fp32) of the `start`-th block of PAGES_PER_BLOCK pages of a row (their loads in flight
+def _block_pages(page_table_ptr, row, start, ctx, stride_pt, PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr):
+    """The page of each token slot of a row's `start`-th block of PAGES_PER_BLOCK pages (0 past the
+    context). Loaded a block ahead of its K/V, so no K/V load waits on a page-table load."""
+    p = start * PAGES_PER_BLOCK + tl.arange(0, PAGE * PAGES_PER_BLOCK) // PAGE
+    return tl.load(page_table_ptr + row * stride_pt + p, mask=p < tl.cdiv(ctx, PAGE), other=0).to(tl.int64)
+
+
+@triton.jit
+def _load_kv_block(k_ptr, v_ptr, page, kv_head, start, ctx, stride_kp, stride_ks, stride_kh, HEAD_DIM: tl.constexpr,
+                   PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr):
+    """K and V (fp32) of the `start`-th block of a row, whose pages are `page` (their loads in flight
     together), and which of its tokens are inside the context."""
     BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
     offs = tl.arange(0, BLOCK)
     d = tl.arange(0, HEAD_DIM)
-    p = start * PAGES_PER_BLOCK + offs // PAGE
-    page = tl.load(page_table_ptr + row * stride_pt + p, mask=p < tl.cdiv(ctx, PAGE), other=0).to(tl.int64)
     base = page[:, None] * stride_kp + (offs % PAGE)[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
     valid = start * BLOCK + offs < ctx
     k = tl.load(k_ptr + base, mask=valid[:, None], other=0.0).to(tl.float32)
@@ -52,77 +59,92 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_l
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    # The context lengths (and page table) are step inputs, copied in before the step's first kernel,
-    # so they may be read before waiting on the previous kernel: splits past the context exit at once.
+    # The context lengths and the page table are step inputs, copied in before the step's first
+    # kernel, so they are read before waiting on the previous kernel: splits past the context exit
+    # at once, and the first block's pages are on their way while the wait lasts.
     ctx = tl.load(context_lens_ptr + row)
-    if not DOT:
-        if PDL:  # q comes from the previous kernel (see skinny_gemm)
-            tl.extra.cuda.gdc_wait()
-        _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, ctx, scale, row, kv_head, stride_qb, stride_qh,
-                     stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, HEAD_DIM, PAGE,
-                     PAGES_PER_BLOCK, PDL)
-        return
     BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
     n_blocks = tl.cdiv(ctx, BLOCK)
     first = split * blocks_per_split
     if first < n_blocks:
-        if PDL:
+        page = _block_pages(page_table_ptr, row, first, ctx, stride_pt, PAGE, PAGES_PER_BLOCK)
+        if PDL:  # q comes from the previous kernel (see skinny_gemm)
             tl.extra.cuda.gdc_wait()
-        g = tl.arange(0, GROUP_PAD)
-        heads = kv_head * GROUP + g
-        live = g < GROUP
-        d = tl.arange(0, HEAD_DIM)
-        q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=live[:, None], other=0.0)
-        q = q.to(tl.float32) * scale
-        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        denom = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-        for start in range(first, tl.minimum(first + blocks_per_split, n_blocks)):
-            k, v, valid = _load_kv_block(k_ptr, v_ptr, page_table_ptr, row, kv_head, start, ctx, stride_kp, stride_ks,
-                                         stride_kh, stride_pt, HEAD_DIM, PAGE, PAGES_PER_BLOCK)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp(m - m_new)
-            w = tl.exp(s - m_new[:, None])
-            denom = denom * alpha + tl.sum(w, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(w, v, input_precision=PRECISION)
-            m = m_new
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
-        out_ptrs = out_ptr + row * stride_ob + heads[:, None] * stride_oh + d[None, :]
-        n_splits = tl.cdiv(n_blocks, blocks_per_split)
-        if n_splits == 1:
-            tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
+        if not DOT:
+            _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, page, ctx, n_blocks, scale, row, kv_head,
+                         stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt,
+                         HEAD_DIM, PAGE, PAGES_PER_BLOCK, PDL)
         else:
-            pair = row * tl.num_programs(1) + kv_head
-            part = pair * tl.num_programs(2)
-            acc_tile = g[:, None] * HEAD_DIM + d[None, :]
-            tl.store(part_acc_ptr + (part + split) * GROUP_PAD * HEAD_DIM + acc_tile, acc)
-            tl.store(part_ml_ptr + (part + split) * 2 * GROUP_PAD + g, m)
-            tl.store(part_ml_ptr + (part + split) * 2 * GROUP_PAD + GROUP_PAD + g, denom)
-            tl.debug_barrier()  # every thread's partial is written before the arrival is counted
-            if tl.atomic_add(arrivals_ptr + pair, 1, sem="acq_rel") == n_splits - 1:
-                m = tl.load(part_ml_ptr + part * 2 * GROUP_PAD + g, cache_modifier=".cg")
-                denom = tl.load(part_ml_ptr + part * 2 * GROUP_PAD + GROUP_PAD + g, cache_modifier=".cg")
-                acc = tl.load(part_acc_ptr + part * GROUP_PAD * HEAD_DIM + acc_tile, cache_modifier=".cg")
-                for other in range(1, n_splits):
-                    m_o = tl.load(part_ml_ptr + (part + other) * 2 * GROUP_PAD + g, cache_modifier=".cg")
-                    d_o = tl.load(part_ml_ptr + (part + other) * 2 * GROUP_PAD + GROUP_PAD + g, cache_modifier=".cg")
-                    acc_o = tl.load(part_acc_ptr + (part + other) * GROUP_PAD * HEAD_DIM + acc_tile,
-                                    cache_modifier=".cg")
-                    m_new = tl.maximum(m, m_o)
-                    alpha, beta = tl.exp(m - m_new), tl.exp(m_o - m_new)
-                    denom = denom * alpha + d_o * beta
-                    acc = acc * alpha[:, None] + acc_o * beta[:, None]
-                    m = m_new
-                tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
-                tl.atomic_xchg(arrivals_ptr + pair, 0)  # ready for the next launch (and graph replay)
+            _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, page,
+                         ctx, n_blocks, first, blocks_per_split, scale, row, kv_head, split, stride_qb, stride_qh,
+                         stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, GROUP, GROUP_PAD,
+                         HEAD_DIM, PAGE, PAGES_PER_BLOCK, PRECISION, PDL)
 
 
 @triton.jit
-def _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, ctx, scale, row, head, stride_qb, stride_qh,
-                 stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, HEAD_DIM: tl.constexpr,
+def _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, page, ctx,
+                 n_blocks, first, blocks_per_split, scale, row, kv_head, split, stride_qb, stride_qh, stride_kp,
+                 stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+                 PDL: tl.constexpr):
+    """A GQA group's query heads (padded to 16 rows for tl.dot) over one split of a row's context;
+    the last split to arrive merges the others' softmax partials."""
+    g = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + g
+    live = g < GROUP
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=live[:, None], other=0.0)
+    q = q.to(tl.float32) * scale
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    denom = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    for start in range(first, tl.minimum(first + blocks_per_split, n_blocks)):
+        k, v, valid = _load_kv_block(k_ptr, v_ptr, page, kv_head, start, ctx, stride_kp, stride_ks, stride_kh,
+                                     HEAD_DIM, PAGE, PAGES_PER_BLOCK)
+        page = _block_pages(page_table_ptr, row, start + 1, ctx, stride_pt, PAGE, PAGES_PER_BLOCK)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        w = tl.exp(s - m_new[:, None])
+        denom = denom * alpha + tl.sum(w, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(w, v, input_precision=PRECISION)
+        m = m_new
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    out_ptrs = out_ptr + row * stride_ob + heads[:, None] * stride_oh + d[None, :]
+    n_splits = tl.cdiv(n_blocks, blocks_per_split)
+    if n_splits == 1:
+        tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
+    else:
+        pair = row * tl.num_programs(1) + kv_head
+        part = pair * tl.num_programs(2)
+        acc_tile = g[:, None] * HEAD_DIM + d[None, :]
+        tl.store(part_acc_ptr + (part + split) * GROUP_PAD * HEAD_DIM + acc_tile, acc)
+        tl.store(part_ml_ptr + (part + split) * 2 * GROUP_PAD + g, m)
+        tl.store(part_ml_ptr + (part + split) * 2 * GROUP_PAD + GROUP_PAD + g, denom)
+        tl.debug_barrier()  # every thread's partial is written before the arrival is counted
+        if tl.atomic_add(arrivals_ptr + pair, 1, sem="acq_rel") == n_splits - 1:
+            m = tl.load(part_ml_ptr + part * 2 * GROUP_PAD + g, cache_modifier=".cg")
+            denom = tl.load(part_ml_ptr + part * 2 * GROUP_PAD + GROUP_PAD + g, cache_modifier=".cg")
+            acc = tl.load(part_acc_ptr + part * GROUP_PAD * HEAD_DIM + acc_tile, cache_modifier=".cg")
+            for other in range(1, n_splits):
+                m_o = tl.load(part_ml_ptr + (part + other) * 2 * GROUP_PAD + g, cache_modifier=".cg")
+                d_o = tl.load(part_ml_ptr + (part + other) * 2 * GROUP_PAD + GROUP_PAD + g, cache_modifier=".cg")
+                acc_o = tl.load(part_acc_ptr + (part + other) * GROUP_PAD * HEAD_DIM + acc_tile,
+                                cache_modifier=".cg")
+                m_new = tl.maximum(m, m_o)
+                alpha, beta = tl.exp(m - m_new), tl.exp(m_o - m_new)
+                denom = denom * alpha + d_o * beta
+                acc = acc * alpha[:, None] + acc_o * beta[:, None]
+                m = m_new
+            tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
+            tl.atomic_xchg(arrivals_ptr + pair, 0)  # ready for the next launch (and graph replay)
+
+
+@triton.jit
+def _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, page, ctx, n_blocks, scale, row, head, stride_qb,
+                 stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, HEAD_DIM: tl.constexpr,
                  PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One query head per KV head (MHA): scores and the weighted sum as row reductions, without
     padding the single query row to a 16-row tensor-core tile."""
@@ -132,9 +154,10 @@ def _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, ctx, scale, row, 
     m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     denom = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     acc = tl.zeros([HEAD_DIM], tl.float32)
-    for start in range(0, tl.cdiv(ctx, BLOCK)):
-        k, v, valid = _load_kv_block(k_ptr, v_ptr, page_table_ptr, row, head, start, ctx, stride_kp, stride_ks,
-                                     stride_kh, stride_pt, HEAD_DIM, PAGE, PAGES_PER_BLOCK)
+    for start in range(0, n_blocks):
+        k, v, valid = _load_kv_block(k_ptr, v_ptr, page, head, start, ctx, stride_kp, stride_ks, stride_kh, HEAD_DIM,
+                                     PAGE, PAGES_PER_BLOCK)
+        page = _block_pages(page_table_ptr, row, start + 1, ctx, stride_pt, PAGE, PAGES_PER_BLOCK)
         s = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
         alpha = tl.exp(m - m_new)
