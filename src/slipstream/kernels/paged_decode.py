@@ -1,8 +1,8 @@
 """Triton paged-decode attention: one query token per row over that row's KV pages.
 
 One program per (row, KV head) walks the row's pages up to its context length, a block of
-`pages_per_block` pages per iteration (their loads in flight together, the next block's
-page-table entries loaded a block ahead), with an online softmax,
+`pages_per_block` pages per iteration (their loads in flight together; the GQA form loads the
+page-table entries a block ahead), with an online softmax,
 serving all query heads of the GQA group at once (padded to 16 rows for tl.dot; fp32 inputs use
 IEEE dots, half-precision inputs TF32 on their fp32 upcast). The page table has a fixed width and
 the context lengths live on the device, so one launch shape serves every step of a batch-size
@@ -30,7 +30,7 @@ BLOCKS_PER_SPLIT = 8  # blocks of pages one program walks before the context is 
 @triton.jit
 def _block_pages(page_table_ptr, row, start, ctx, stride_pt, PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr):
     """The page of each token slot of a row's `start`-th block of PAGES_PER_BLOCK pages (0 past the
-    context). Loaded a block ahead of its K/V, so no K/V load waits on a page-table load."""
+    context)."""
     p = start * PAGES_PER_BLOCK + tl.arange(0, PAGE * PAGES_PER_BLOCK) // PAGE
     return tl.load(page_table_ptr + row * stride_pt + p, mask=p < tl.cdiv(ctx, PAGE), other=0).to(tl.int64)
 
@@ -60,25 +60,26 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_l
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     # The context lengths and the page table are step inputs, copied in before the step's first
-    # kernel, so they are read before waiting on the previous kernel: splits past the context exit
-    # at once, and the first block's pages are on their way while the wait lasts.
+    # kernel, so they may be read before waiting on the previous kernel.
     ctx = tl.load(context_lens_ptr + row)
+    if not DOT:
+        if PDL:  # q comes from the previous kernel (see skinny_gemm)
+            tl.extra.cuda.gdc_wait()
+        _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, ctx, scale, row, kv_head, stride_qb, stride_qh,
+                     stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, HEAD_DIM, PAGE,
+                     PAGES_PER_BLOCK, PDL)
+        return
     BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
     n_blocks = tl.cdiv(ctx, BLOCK)
     first = split * blocks_per_split
-    if first < n_blocks:
+    if first < n_blocks:  # (splits past the context exit at once)
         page = _block_pages(page_table_ptr, row, first, ctx, stride_pt, PAGE, PAGES_PER_BLOCK)
-        if PDL:  # q comes from the previous kernel (see skinny_gemm)
+        if PDL:
             tl.extra.cuda.gdc_wait()
-        if not DOT:
-            _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, page, ctx, n_blocks, scale, row, kv_head,
-                         stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt,
-                         HEAD_DIM, PAGE, PAGES_PER_BLOCK, PDL)
-        else:
-            _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, page,
-                         ctx, n_blocks, first, blocks_per_split, scale, row, kv_head, split, stride_qb, stride_qh,
-                         stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, GROUP, GROUP_PAD,
-                         HEAD_DIM, PAGE, PAGES_PER_BLOCK, PRECISION, PDL)
+        _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, page, ctx,
+                     n_blocks, first, blocks_per_split, scale, row, kv_head, split, stride_qb, stride_qh, stride_kp,
+                     stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, GROUP, GROUP_PAD, HEAD_DIM, PAGE,
+                     PAGES_PER_BLOCK, PRECISION, PDL)
 
 
 @triton.jit
@@ -88,7 +89,8 @@ def _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, par
                  HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, PRECISION: tl.constexpr,
                  PDL: tl.constexpr):
     """A GQA group's query heads (padded to 16 rows for tl.dot) over one split of a row's context;
-    the last split to arrive merges the others' softmax partials."""
+    the last split to arrive merges the others' softmax partials. Each block's page-table entries
+    are loaded a block ahead (the first block's before the wait), so no K/V load waits on one."""
     g = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + g
     live = g < GROUP
@@ -143,21 +145,23 @@ def _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, par
 
 
 @triton.jit
-def _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, page, ctx, n_blocks, scale, row, head, stride_qb,
-                 stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, HEAD_DIM: tl.constexpr,
+def _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, ctx, scale, row, head, stride_qb, stride_qh,
+                 stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, HEAD_DIM: tl.constexpr,
                  PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One query head per KV head (MHA): scores and the weighted sum as row reductions, without
-    padding the single query row to a 16-row tensor-core tile."""
+    padding the single query row to a 16-row tensor-core tile. Its pages are loaded in the block
+    that uses them: loading them a block ahead, as the GQA form does, made it slower on the H200
+    (docs/kernel-notes.md, variant 16)."""
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + row * stride_qb + head * stride_qh + d).to(tl.float32) * scale
     BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
     m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     denom = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     acc = tl.zeros([HEAD_DIM], tl.float32)
-    for start in range(0, n_blocks):
+    for start in range(0, tl.cdiv(ctx, BLOCK)):
+        page = _block_pages(page_table_ptr, row, start, ctx, stride_pt, PAGE, PAGES_PER_BLOCK)
         k, v, valid = _load_kv_block(k_ptr, v_ptr, page, head, start, ctx, stride_kp, stride_ks, stride_kh, HEAD_DIM,
                                      PAGE, PAGES_PER_BLOCK)
-        page = _block_pages(page_table_ptr, row, start + 1, ctx, stride_pt, PAGE, PAGES_PER_BLOCK)
         s = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
         alpha = tl.exp(m - m_new)
