@@ -33,7 +33,8 @@ for name, temp in (("greedy", 0.0), ("temperature 0.8", 0.8)):
     temperature = torch.full((rows,), temp, dtype=torch.float64, device="cuda")
     key = (seeds, token_index) if temp > 0 else (None, None)
     for mask in (None, words):
-        t_torch = triton.testing.do_bench_cudagraph(lambda: torch_sampler(temperature, mask, temp > 0), return_mode="median")
+        t_torch = triton.testing.do_bench_cudagraph(lambda: torch_sampler(temperature, mask, temp > 0),
+                                                    return_mode="median")
         t_fused = triton.testing.do_bench_cudagraph(lambda: fused_sample(logits, mask, temperature, *key),
                                                     return_mode="median")
         label = name + (" + mask" if mask is not None else "")

@@ -43,9 +43,9 @@ def _row_key(seeds_ptr, token_index_ptr, row):
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, mask_ptr, temperature_ptr, seeds_ptr, token_index_ptr, part_ptr, arrivals_ptr, out_ptr, V,
-                   stride_l, stride_m, HAS_MASK: tl.constexpr, RANDOM: tl.constexpr, CHUNK: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def _sample_kernel(logits_ptr, mask_ptr, temperature_ptr, seeds_ptr, token_index_ptr, part_ptr, arrivals_ptr,
+                   out_ptr, V, stride_l, stride_m, HAS_MASK: tl.constexpr, RANDOM: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     n_chunks = tl.num_programs(1)
