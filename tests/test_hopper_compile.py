@@ -20,8 +20,7 @@ def test_every_kernel_compiles_for_sm90():
     run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     compiled = run.stdout.split()
-    for kernel in ("_skinny_linear_kernel", "_paged_decode_kernel", "_norm_kernel", "_rope_store_kernel",
-                   "_sample_kernel"):
+    for kernel in ("_skinny_linear_kernel", "_paged_decode_kernel", "_norm_kernel", "_sample_kernel"):
         assert kernel in compiled, compiled
 
 
@@ -62,7 +61,6 @@ def main() -> None:
     import slipstream.kernels as kernels
     from slipstream.kernels import paged_decode
     from slipstream.kernels.norm import layer_norm, rms_norm
-    from slipstream.kernels.rope_store import rope_and_store
     from slipstream.kernels.sample import fused_sample
     from slipstream.kernels.skinny_gemm import Config, skinny_linear
 
@@ -85,11 +83,14 @@ def main() -> None:
     pages = mk(300, 16, 2, 64), mk(300, 16, 2, 64)
     slots, lens = torch.arange(32), torch.full((32,), 128)
     table = torch.arange(32 * 8).view(32, 8)
-    q = rope_and_store(mk(32, 14, 64), mk(32, 2, 64), mk(32, 2, 64), cos, sin, *pages, slots)
-    paged_decode.paged_decode_attention(q, *pages, table, lens, 0.125)  # GQA, split
+    new_token = (mk(32, 2, 64), mk(32, 2, 64), cos, sin, slots)
+    paged_decode.paged_decode_attention(mk(32, 14, 64), *pages, table, lens, 0.125, new_token=new_token)  # GQA, split
+    paged_decode.paged_decode_attention(mk(32, 14, 64), *pages, table, lens, 0.125)  # (the token already stored)
     paged_decode.paged_decode_attention(mk(140, 14, 64), *pages, torch.zeros(140, 8, dtype=torch.int64),
                                         torch.full((140,), 128), 0.125)  # enough rows not to split
-    paged_decode.paged_decode_attention(mk(32, 32, 64), mk(300, 16, 32, 64), mk(300, 16, 32, 64), table, lens, 0.125)
+    mha_pages = mk(300, 16, 32, 64), mk(300, 16, 32, 64)
+    paged_decode.paged_decode_attention(mk(32, 32, 64), *mha_pages, table, lens, 0.125,
+                                        new_token=(mk(32, 32, 64), mk(32, 32, 64), cos[..., :32], sin[..., :32], slots))
     logits, words = mk(32, 151936, dtype=torch.float32), mk(32, 4748, dtype=torch.int32)
     temperature, seeds = mk(32, dtype=torch.float64), torch.arange(32)
     fused_sample(logits, None, temperature, None)

@@ -68,31 +68,41 @@ def test_reference_decode_attention_matches_dense(page):
     assert (out.double().cpu() - ref).norm() / ref.norm() < 1e-5
 
 
-@pytest.mark.parametrize("h,kvh,d,rot", [(4, 4, 64, 64), (8, 2, 64, 32), (14, 2, 64, 64), (4, 1, 128, 128)])
+@pytest.mark.parametrize("b,h,kvh,d,rot", [(3, 4, 4, 64, 32), (2, 14, 2, 64, 64), (2, 8, 2, 64, 32), (1, 4, 1, 128, 128)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_and_store_matches_reference(h, kvh, d, rot, dtype):
+@pytest.mark.parametrize("blocks_per_split", [8, 1])
+def test_paged_decode_with_the_new_token_is_rotary_then_write_then_attention(b, h, kvh, d, rot, dtype,
+                                                                              blocks_per_split):
+    """The decode step's fused form: q and the step's k rotated (over `rot` features), k and v written
+    into their slot (poisoned first, so a read before the write shows), then attention over the
+    row's pages; against the torch path's three steps. Rows split over one block per program write
+    the token from the split that holds it."""
     from slipstream.kernels.attention import apply_rotary, write_kv
-    from slipstream.kernels.rope_store import rope_and_store
+    from slipstream.kernels.paged_decode import paged_decode_attention
 
-    g = torch.Generator().manual_seed(h + rot)
-    t, num_pages, page = 5, 8, 16
-    qkv = torch.randn(t, h + 2 * kvh, d, generator=g).to(dtype).to(DEVICE)
-    q, k, v = qkv.split([h, kvh, kvh], dim=1)  # strided views, as the models pass them
-    angles = torch.rand(t, 1, rot // 2, generator=g) * 6
+    q, kp, vp, table, ctx, scale = random_case(b, h, kvh, d, 16, dtype, seed=rot)
+    g = torch.Generator().manual_seed(d + h)
+    kv = torch.randn(b, 2 * kvh + 1, d, generator=g).to(dtype).to(DEVICE)
+    k, v = kv[:, 1:1 + kvh], kv[:, 1 + kvh:]  # strided views, as the models pass them
+    angles = torch.rand(b, 1, rot // 2, generator=g) * 6
     cos = torch.cat([angles.cos()] * 2, -1).to(dtype).to(DEVICE)
     sin = torch.cat([angles.sin()] * 2, -1).to(dtype).to(DEVICE)
-    slots = (torch.randperm(num_pages * page - page, generator=g)[:t] + page).to(DEVICE)
-    pages = [torch.full((num_pages, page, kvh, d), float("nan"), dtype=dtype, device=DEVICE) for _ in range(2)]
-    ref_pages = [torch.zeros_like(p) for p in pages]
-    q_out = torch.full((t, h, d), float("nan"), dtype=dtype, device=DEVICE)
-    rope_and_store(q, k, v, cos, sin, *pages, slots, out=q_out)
-    q_ref = apply_rotary(q.double(), cos.double(), sin.double())
-    write_kv(*ref_pages, apply_rotary(k.double(), cos.double(), sin.double()).to(dtype), v, slots)
-    tol = 1e-6 if dtype == torch.float32 else 1e-2
-    assert ((q_out.double() - q_ref).norm() / q_ref.norm()) < tol
-    for got, want in zip(pages, ref_pages):
-        flat_got, flat_want = got.view(-1, kvh, d)[slots], want.view(-1, kvh, d)[slots]
-        assert ((flat_got.double() - flat_want.double()).norm() / flat_want.double().norm()) < tol
+    last = ctx - 1
+    slots = table[torch.arange(b), last // 16] * 16 + last % 16
+    ref_kp, ref_vp = kp.clone(), vp.clone()
+    write_kv(ref_kp, ref_vp, apply_rotary(k.double(), cos.double(), sin.double()).to(dtype), v, slots)
+    for pages in (kp, vp):
+        pages.view(-1, kvh, d)[slots] = float("nan")
+    out = torch.full_like(q, float("nan"))
+    paged_decode_attention(q, kp, vp, table, ctx, scale, out=out, new_token=(k, v, cos, sin, slots),
+                           blocks_per_split=blocks_per_split)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for got, want in ((kp, ref_kp), (vp, ref_vp)):
+        assert ((got.double() - want.double()).norm() / want.double().norm()) < tol
+    q_rot = apply_rotary(q.double(), cos.double(), sin.double()).to(dtype)
+    ref = dense_reference(q_rot, ref_kp, ref_vp, table, ctx, scale)
+    err = (out.double().cpu() - ref).norm() / ref.norm()
+    assert torch.isfinite(out).all() and err < tol, err
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 48, 64), (5, 32, 192), (16, 40, 96), (33, 64, 128)])

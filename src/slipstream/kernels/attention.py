@@ -37,14 +37,13 @@ def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ro
                            attn: AttentionInputs, pages: tuple[torch.Tensor, torch.Tensor],
                            scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary on q and k, the KV write into the pages, then attention: [tokens, heads, head_dim] in
-    and out (into `out` when given). CUDA decode steps use the Triton kernels (two launches);
-    everything else the torch path."""
+    and out (into `out` when given). CUDA decode steps run all of it in one Triton kernel; everything
+    else the torch path."""
     if not attn.is_prefill and q.is_cuda and _triton_decode(q.shape[-1], pages[0].shape[1]):
         from .paged_decode import paged_decode_attention
-        from .rope_store import rope_and_store
 
-        q = rope_and_store(q, k, v, *rope, *pages, attn.slot_mapping)
-        return paged_decode_attention(q, *pages, attn.page_table, attn.context_lens, scale, out)
+        return paged_decode_attention(q, *pages, attn.page_table, attn.context_lens, scale, out,
+                                      new_token=(k, v, *rope, attn.slot_mapping))
     q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
     write_kv(*pages, k, v, attn.slot_mapping)
     if attn.is_prefill:

@@ -51,11 +51,55 @@ def _load_kv_block(k_ptr, v_ptr, page, kv_head, start, ctx, stride_kp, stride_ks
 
 
 @triton.jit
+def _rope(head_ptr, d, mask, cos_ptr, sin_ptr, row, stride_ct, ROT: tl.constexpr):
+    """Rotate-half rotary (fp32) over the first ROT features of the head(s) at `head_ptr` + d."""
+    half: tl.constexpr = ROT // 2
+    rotated = d < ROT
+    partner = tl.where(d < half, d + half, d - half)
+    cos = tl.load(cos_ptr + row * stride_ct + d, mask=rotated, other=1.0).to(tl.float32)
+    sin = tl.load(sin_ptr + row * stride_ct + d, mask=rotated, other=0.0).to(tl.float32)
+    x = tl.load(head_ptr + d, mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(head_ptr + partner, mask=mask & rotated, other=0.0).to(tl.float32)
+    return tl.where(rotated, x * cos + tl.where(d < half, -1.0, 1.0) * xp * sin, x)
+
+
+@triton.jit
+def _load_q(head_ptr, d, mask, cos_ptr, sin_ptr, row, stride_ct, ROT: tl.constexpr):
+    """The query head(s) at `head_ptr` + d in fp32; with ROT > 0 rotated first, and rounded to the
+    input dtype as a stored rotated q would be."""
+    if ROT == 0:
+        return tl.load(head_ptr + d, mask=mask, other=0.0).to(tl.float32)
+    q = _rope(head_ptr, d, mask, cos_ptr, sin_ptr, row, stride_ct, ROT)
+    return q.to(head_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _store_new_token(k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_ptr, cos_ptr, sin_ptr, row, kv_head, stride_kt,
+                     stride_knh, stride_vt, stride_vnh, stride_ct, stride_kp, stride_ks, stride_kh,
+                     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, ROT: tl.constexpr):
+    """This step's K (rotated) and V of one row and KV head into their slot of the pages, visible to
+    the whole program before it reads the row's pages."""
+    d = tl.arange(0, HEAD_DIM)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    dst = (slot // PAGE) * stride_kp + (slot % PAGE) * stride_ks + kv_head * stride_kh + d
+    k = _rope(k_new_ptr + row * stride_kt + kv_head * stride_knh, d, d < HEAD_DIM, cos_ptr, sin_ptr, row,
+              stride_ct, ROT)
+    tl.store(k_ptr + dst, k.to(k_ptr.dtype.element_ty))
+    v = tl.load(v_new_ptr + row * stride_vt + kv_head * stride_vnh + d)
+    tl.store(v_ptr + dst, v.to(v_ptr.dtype.element_ty))
+    tl.debug_barrier()
+
+
+@triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_lens_ptr, part_acc_ptr, part_ml_ptr,
-                         arrivals_ptr, scale, blocks_per_split,
+                         arrivals_ptr, k_new_ptr, v_new_ptr, cos_ptr, sin_ptr, slot_ptr, scale, blocks_per_split,
                          stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt,
+                         stride_kt, stride_knh, stride_vt, stride_vnh, stride_ct,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                         PAGES_PER_BLOCK: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
+                         PAGES_PER_BLOCK: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr, ROT: tl.constexpr,
+                         PDL: tl.constexpr):
+    """ROT > 0: q and the step's k still need rotary (over their first ROT features), and the step's
+    K/V are written into the pages here, by the program that reads them, before it attends."""
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -63,11 +107,15 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_l
     # kernel, so they may be read before waiting on the previous kernel.
     ctx = tl.load(context_lens_ptr + row)
     if not DOT:
-        if PDL:  # q comes from the previous kernel (see skinny_gemm)
+        if PDL:  # q, k and v come from the previous kernel (see skinny_gemm)
             tl.extra.cuda.gdc_wait()
-        _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, ctx, scale, row, kv_head, stride_qb, stride_qh,
-                     stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, HEAD_DIM, PAGE,
-                     PAGES_PER_BLOCK, PDL)
+        if ROT > 0:
+            _store_new_token(k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_ptr, cos_ptr, sin_ptr, row, kv_head, stride_kt,
+                             stride_knh, stride_vt, stride_vnh, stride_ct, stride_kp, stride_ks, stride_kh, HEAD_DIM,
+                             PAGE, ROT)
+        _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, cos_ptr, sin_ptr, ctx, scale, row, kv_head,
+                     stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, stride_ct,
+                     HEAD_DIM, PAGE, PAGES_PER_BLOCK, ROT, PDL)
         return
     BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
     n_blocks = tl.cdiv(ctx, BLOCK)
@@ -76,18 +124,23 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_l
         page = _block_pages(page_table_ptr, row, first, ctx, stride_pt, PAGE, PAGES_PER_BLOCK)
         if PDL:
             tl.extra.cuda.gdc_wait()
-        _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, page, ctx,
-                     n_blocks, first, blocks_per_split, scale, row, kv_head, split, stride_qb, stride_qh, stride_kp,
-                     stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, GROUP, GROUP_PAD, HEAD_DIM, PAGE,
-                     PAGES_PER_BLOCK, PRECISION, PDL)
+        if ROT > 0:
+            if (n_blocks - 1) // blocks_per_split == split:  # the split holding the new token writes it
+                _store_new_token(k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_ptr, cos_ptr, sin_ptr, row, kv_head,
+                                 stride_kt, stride_knh, stride_vt, stride_vnh, stride_ct, stride_kp, stride_ks,
+                                 stride_kh, HEAD_DIM, PAGE, ROT)
+        _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, cos_ptr,
+                     sin_ptr, page, ctx, n_blocks, first, blocks_per_split, scale, row, kv_head, split, stride_qb,
+                     stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, stride_ct, GROUP,
+                     GROUP_PAD, HEAD_DIM, PAGE, PAGES_PER_BLOCK, PRECISION, ROT, PDL)
 
 
 @triton.jit
-def _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, page, ctx,
-                 n_blocks, first, blocks_per_split, scale, row, kv_head, split, stride_qb, stride_qh, stride_kp,
-                 stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-                 PDL: tl.constexpr):
+def _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, cos_ptr,
+                 sin_ptr, page, ctx, n_blocks, first, blocks_per_split, scale, row, kv_head, split, stride_qb,
+                 stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, stride_ct,
+                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                 PAGES_PER_BLOCK: tl.constexpr, PRECISION: tl.constexpr, ROT: tl.constexpr, PDL: tl.constexpr):
     """A GQA group's query heads (padded to 16 rows for tl.dot) over one split of a row's context;
     the last split to arrive merges the others' softmax partials. Each block's page-table entries
     are loaded a block ahead (the first block's before the wait), so no K/V load waits on one."""
@@ -95,8 +148,8 @@ def _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, par
     heads = kv_head * GROUP + g
     live = g < GROUP
     d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=live[:, None], other=0.0)
-    q = q.to(tl.float32) * scale
+    q = _load_q(q_ptr + row * stride_qb + heads[:, None] * stride_qh, d[None, :], live[:, None], cos_ptr, sin_ptr, row,
+                stride_ct, ROT) * scale
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     denom = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -145,15 +198,17 @@ def _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, par
 
 
 @triton.jit
-def _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, ctx, scale, row, head, stride_qb, stride_qh,
-                 stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, HEAD_DIM: tl.constexpr,
-                 PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, cos_ptr, sin_ptr, ctx, scale, row, head, stride_qb,
+                 stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, stride_ct,
+                 HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, ROT: tl.constexpr,
+                 PDL: tl.constexpr):
     """One query head per KV head (MHA): scores and the weighted sum as row reductions, without
     padding the single query row to a 16-row tensor-core tile. Its pages are loaded in the block
     that uses them: loading them a block ahead, as the GQA form does, made it slower on the H200
     (docs/kernel-notes.md, variant 16)."""
     d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + row * stride_qb + head * stride_qh + d).to(tl.float32) * scale
+    q = _load_q(q_ptr + row * stride_qb + head * stride_qh, d, d < HEAD_DIM, cos_ptr, sin_ptr, row, stride_ct,
+                ROT) * scale
     BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
     m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     denom = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
@@ -181,12 +236,16 @@ def supported(head_dim: int, page_size: int) -> bool:
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
                            context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
-                           pages_per_block: int = 4, num_warps: int = 4, dot: bool | None = None,
+                           new_token: tuple[torch.Tensor, ...] | None = None, pages_per_block: int = 4,
+                           num_warps: int = 4, dot: bool | None = None,
                            blocks_per_split: int = BLOCKS_PER_SPLIT) -> torch.Tensor:
     """Same contract as kernels.attention.decode_attention: q [B, H, D] -> [B, H, D]. `dot` picks the
     tensor-core formulation (default: for GQA groups) or the reduction one (default: for MHA); the
     former splits contexts longer than `blocks_per_split` blocks of `pages_per_block` pages when
-    the (row, KV head) pairs alone cannot fill the GPU."""
+    the (row, KV head) pairs alone cannot fill the GPU. `new_token` = (k, v, cos, sin, slot_mapping)
+    fuses the step's rotary and KV write in: q and k ([B, KVH, D], any strides) are rotated by
+    cos/sin ([B, ..., ROT]) and k, v stored at `slot_mapping` before attending; without it q is
+    rotated already and the pages hold the token."""
     b, h, d = q.shape
     _, page, kvh, _ = k_pages.shape
     group = h // kvh
@@ -201,12 +260,20 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     part_acc = torch.empty((parts, group_pad, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((parts, 2, group_pad), dtype=torch.float32, device=q.device)
     arrivals = arrival_counters(q.device, b * kvh)
+    if new_token is not None:
+        k_new, v_new, cos, sin, slots = new_token
+        rot = cos.shape[-1]
+        cos, sin = cos.reshape(b, rot), sin.reshape(b, rot)
+    else:  # (unused arguments of the right types)
+        k_new, v_new, cos, sin, slots, rot = q, q, q[:, 0], q[:, 0], context_lens, 0
     _paged_decode_kernel[(b, kvh, splits)](
-        q, k_pages, v_pages, out, page_table, context_lens, part_acc, part_ml, arrivals, scale, blocks_per_split,
-        q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
-        out.stride(0), out.stride(1), page_table.stride(0),
+        q, k_pages, v_pages, out, page_table, context_lens, part_acc, part_ml, arrivals, k_new, v_new, cos, sin, slots,
+        scale, blocks_per_split, q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
+        out.stride(0), out.stride(1), page_table.stride(0), k_new.stride(0), k_new.stride(1), v_new.stride(0),
+        v_new.stride(1), cos.stride(0),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, PAGE=page, PAGES_PER_BLOCK=pages_per_block,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DOT=use_dot, num_warps=num_warps, **pdl_args())
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DOT=use_dot, ROT=rot, num_warps=num_warps,
+        **pdl_args())
     return out
 
 
