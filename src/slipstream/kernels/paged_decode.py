@@ -6,8 +6,9 @@ page-table entries a block ahead), with an online softmax,
 serving all query heads of the GQA group at once (padded to 16 rows for tl.dot; fp32 inputs use
 IEEE dots, half-precision inputs TF32 on their fp32 upcast). The page table has a fixed width and
 the context lengths live on the device, so one launch shape serves every step of a batch-size
-bucket — which is what a CUDA graph needs. Runs on CPU under
-TRITON_INTERPRET=1 (bf16 is upcast in-kernel).
+bucket — which is what a CUDA graph needs. In a decode step each program first applies the rotary
+to q and to the step's k and writes k and v into their slot (`new_token`), so the rotary and the
+KV write cost no launch of their own. Runs on CPU under TRITON_INTERPRET=1 (bf16 is upcast in-kernel).
 
 Long contexts with few (row, KV head) pairs — a GQA model at low batch — would leave most SMs
 idle, so the GQA form splits the context: program (row, KV head, s) walks blocks
