@@ -22,8 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRET, pdl_args
-from .skinny_gemm import arrival_counters
+from . import INTERPRET, arrival_counters, pdl_args, sm_count
 
 BLOCKS_PER_SPLIT = 8  # blocks of pages one program walks before the context is split (8 x 4 pages x 16 = 512 tokens)
 
@@ -282,4 +281,4 @@ def _split_below() -> int:
     """Split contexts while (row, KV head) pairs number fewer than twice the SMs (always when interpreted)."""
     if INTERPRET:
         return 1 << 30
-    return 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 2 * sm_count()

@@ -6,8 +6,8 @@ hashed in registers from (seed, token index, vocab id) exactly as `sampling.gumb
 The torch path materializes the expanded mask, the tempered logits and five [rows, vocab] int64
 tensors of hash state per step (tens of kernels over 5-20 MB each at decode batch sizes); this
 reads the logits and the packed mask once. Program (row, chunk) reduces one chunk of the
-vocabulary to its best (value, index) pairs; the last chunk of a row to arrive (a counter, as in
-skinny_gemm's split-K) merges them in chunk order, keeping the lowest index among equal values as
+vocabulary to its best (value, index) pairs; the last chunk of a row to arrive (`arrival_counters`)
+merges them in chunk order, keeping the lowest index among equal values as
 torch.argmax does, and resets the counter."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .skinny_gemm import arrival_counters
+from . import arrival_counters
 
 CHUNK = 8192  # vocabulary entries per program
 

@@ -16,14 +16,13 @@ which hides most of the launch gap between dependent kernels. Triggering only af
 loop keeps waiting programs from taking SM slots a many-wave grid still needs."""
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRET, pdl_args
+from . import INTERPRET, arrival_counters, pdl_args, sm_count
 
 ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2, "swiglu": 3}
 
@@ -136,7 +135,7 @@ def default_config(m: int, n: int, k: int) -> Config:
     block_n = 64 if n >= 8192 else (32 if k >= 2048 else 16)
     block_k = 128
     tiles = triton.cdiv(n, block_n)
-    sms = _sm_count()
+    sms = sm_count()
     split = 1 if tiles >= sms else max(1, min(4, triton.cdiv(4 * sms, tiles), triton.cdiv(k, block_k) // 4))
     return Config(block_n, block_k, 4, 4, split)
 
@@ -170,23 +169,3 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
         SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args())
     return out
-
-
-_ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
-
-
-def arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """Zeroed int32 counters (one per output tile, or per attention row and head), shared by every
-    split launch on the current stream (launches on one stream run one after another, and each
-    leaves its counters at zero). Made outside graph capture: the decode graphs' warm-up calls
-    every shape first."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
-    counters = _ARRIVALS.get(key)
-    if counters is None or counters.numel() < tiles:
-        counters = _ARRIVALS[key] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
-    return counters
-
-
-@functools.cache
-def _sm_count() -> int:
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
