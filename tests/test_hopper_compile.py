@@ -20,8 +20,7 @@ def test_every_kernel_compiles_for_sm90():
     run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     compiled = run.stdout.split()
-    for kernel in ("_skinny_linear_kernel", "_paged_decode_kernel", "_norm_kernel", "_sample_kernel",
-                   "_layer_chain_kernel"):
+    for kernel in ("_skinny_linear_kernel", "_paged_decode_kernel", "_norm_kernel", "_sample_kernel"):
         assert kernel in compiled, compiled
 
 
@@ -60,15 +59,13 @@ def main() -> None:
     import torch
 
     import slipstream.kernels as kernels
-    from slipstream.kernels import layer_chain, paged_decode, skinny_gemm
+    from slipstream.kernels import paged_decode
     from slipstream.kernels.norm import layer_norm, rms_norm
     from slipstream.kernels.sample import fused_sample
     from slipstream.kernels.skinny_gemm import Config, skinny_linear
 
     kernels.use_pdl = lambda: True
     paged_decode._split_below = lambda: 264  # twice the H200's SMs
-    layer_chain._can_prefetch = lambda *weights: True
-    skinny_gemm.sm_count = lambda: 132  # the H200's, for the default configurations
     bf16 = torch.bfloat16
 
     def mk(*shape, dtype=bf16):
@@ -81,9 +78,6 @@ def main() -> None:
                       config=Config(16, 128, 4, 4, split))
     skinny_linear(x, mk(4096, 896), out_dtype=torch.float32, config=Config(64, 128, 4, 4, 1))
     rms_norm(x, mk(896), 1e-6)
-    o_proj, gate_up, down, qkv = (mk(896, 896), None), (mk(9728, 896), None), (mk(896, 4864), None), (mk(1152, 896), mk(1152))
-    layer_chain.layer_chain(x, res, o_proj, (mk(896), 1e-6), gate_up, down, (mk(896), 1e-6), qkv)
-    layer_chain.layer_chain(x, res, o_proj, (mk(896), 1e-6), gate_up, down)
     layer_norm(x, mk(896), mk(896), 1e-5)
     cos, sin = mk(32, 1, 64), mk(32, 1, 64)
     pages = mk(300, 16, 2, 64), mk(300, 16, 2, 64)

@@ -15,11 +15,13 @@ from . import pdl_args
 
 
 @triton.jit
-def norm_row(x_ptr, w_ptr, b_ptr, out_ptr, row, D, eps, stride_x, stride_o, RMS: tl.constexpr,
-             BLOCK_D: tl.constexpr, TRIGGER: tl.constexpr):
-    """Normalize one row. TRIGGER: let PDL's dependent launch start before the store (see skinny_gemm)."""
+def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, D, eps, stride_x, stride_o, RMS: tl.constexpr, BLOCK_D: tl.constexpr,
+                 PDL: tl.constexpr):
+    row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
+    if PDL:  # (see skinny_gemm)
+        tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     if RMS:
@@ -29,17 +31,9 @@ def norm_row(x_ptr, w_ptr, b_ptr, out_ptr, row, D, eps, stride_x, stride_o, RMS:
         centered = tl.where(ok, x - tl.sum(x, axis=0) / D, 0.0)
         normed = centered * tl.rsqrt(tl.sum(centered * centered, axis=0) / D + eps)
         y = normed * w + tl.load(b_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    if TRIGGER:
+    if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, D, eps, stride_x, stride_o, RMS: tl.constexpr, BLOCK_D: tl.constexpr,
-                 PDL: tl.constexpr):
-    if PDL:  # (see skinny_gemm)
-        tl.extra.cuda.gdc_wait()
-    norm_row(x_ptr, w_ptr, b_ptr, out_ptr, tl.program_id(0), D, eps, stride_x, stride_o, RMS, BLOCK_D, PDL)
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool,

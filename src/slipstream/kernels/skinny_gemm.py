@@ -47,8 +47,7 @@ def _gelu(y, ACT: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, bias_ptr, res_ptr, out_ptr, pid_n, rm, rn, M, N, ACT_FROM, stride_rm, stride_om,
-              act_dtype: tl.constexpr,
+def _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype: tl.constexpr,
               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr):
     row_ok = rm < M
@@ -60,7 +59,7 @@ def _epilogue(acc, bias_ptr, res_ptr, out_ptr, pid_n, rm, rn, M, N, ACT_FROM, st
         gate, up = tl.split(tl.reshape(y, [BLOCK_M, BLOCK_N // 2, 2]))
         silu = (gate / (1.0 + tl.exp(-gate))).to(act_dtype).to(tl.float32)
         y = silu * up
-        rn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        rn = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         N = N // 2
     elif ACT != 0:
         y = tl.where(rn[None, :] >= ACT_FROM, _gelu(y, ACT).to(act_dtype).to(tl.float32), y)
@@ -72,16 +71,17 @@ def _epilogue(acc, bias_ptr, res_ptr, out_ptr, pid_n, rm, rn, M, N, ACT_FROM, st
 
 
 @triton.jit
-def gemm_program(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, pid_n, pid_k, M, N, K, K_SPLIT,
-                 ACT_FROM, stride_xm, stride_wn, stride_rm, stride_om, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                 ACT: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr,
-                 TRIGGER: tl.constexpr):
+def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, M, N, K, K_SPLIT,
+                          ACT_FROM, stride_xm, stride_wn, stride_rm, stride_om,
+                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, UPCAST: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
-    sums the partials in split order (deterministic), runs the epilogue and resets the counter.
-    TRIGGER: let PDL's dependent launch start once the main loop is done."""
+    sums the partials in split order (deterministic), runs the epilogue and resets the counter."""
     act_dtype = x_ptr.dtype.element_ty
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -89,6 +89,8 @@ def gemm_program(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals
     col_ok = rn < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_start = pid_k * K_SPLIT
+    if PDL:  # x (and the arrival counters) come from earlier kernels
+        tl.extra.cuda.gdc_wait()
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
         kk = k0 + rk
         w_ptrs = w_ptr + rn[:, None] * stride_wn + kk[None, :]
@@ -103,10 +105,10 @@ def gemm_program(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(w))
-    if TRIGGER:  # the next kernel may start its launch now; it waits for this grid to finish before it reads
+    if PDL:  # the next kernel may start its launch now; it waits for this grid to finish before it reads
         tl.extra.cuda.gdc_launch_dependents()
     if SPLIT_K == 1:
-        _epilogue(acc, bias_ptr, res_ptr, out_ptr, pid_n, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
+        _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
                   HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
     else:
         tile = rm[:, None] * N + rn[None, :]
@@ -117,22 +119,9 @@ def gemm_program(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in range(SPLIT_K):
                 acc += tl.load(partial_ptr + s * M * N + tile, mask=tile_ok, other=0.0, cache_modifier=".cg")
-            _epilogue(acc, bias_ptr, res_ptr, out_ptr, pid_n, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
+            _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
                       HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
             tl.atomic_xchg(arrivals_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
-
-
-@triton.jit
-def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, M, N, K, K_SPLIT,
-                          ACT_FROM, stride_xm, stride_wn, stride_rm, stride_om,
-                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, UPCAST: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # x (and the arrival counters) come from earlier kernels
-        tl.extra.cuda.gdc_wait()
-    gemm_program(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, tl.program_id(0),
-                 tl.program_id(1), M, N, K, K_SPLIT, ACT_FROM, stride_xm, stride_wn, stride_rm, stride_om, HAS_BIAS,
-                 HAS_RES, ACT, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, SPLIT_K, PDL)
 
 
 def default_config(m: int, n: int, k: int) -> Config:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import triton_rows
 from ..kernels.attention import AttentionInputs, rotary_paged_attention
-from ..kernels.linear import MAX_ROWS, interleave_gate_up, linear
+from ..kernels.linear import interleave_gate_up, linear
 from ..kv_cache import KVCache
 from .config import ModelConfig
 from .layers import RMSNorm, Rotary, frozen_linear, fuse_linears
@@ -124,17 +123,13 @@ class CausalLM(nn.Module):
                 logits_index: torch.Tensor | None) -> torch.Tensor:
         """Logits [rows, vocab] (fp32) for the tokens at `logits_index` (all tokens when None)."""
         x = self.model.embed_tokens(ids)
-        x = self.layers_forward(x, self.rotary.table(positions, x.dtype), attn, kv)
+        rope = self.rotary.table(positions, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, rope, attn, kv.layer(i))
         if logits_index is not None:
             x = x[logits_index]
         x = getattr(self.model, self.final_norm)(x)
         return linear(x, self.lm_head.weight, self.lm_head.bias, out_dtype=torch.float32)
-
-    def layers_forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
-                       kv: KVCache) -> torch.Tensor:
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, attn, kv.layer(i))
-        return x
 
 
 class LlamaForCausalLM(CausalLM):
@@ -142,27 +137,3 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(cfg, max_len)
         self.model = LlamaBackbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-
-    def layers_forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
-                       kv: KVCache) -> torch.Tensor:
-        """Steps of up to MAX_ROWS rows on CUDA run each layer as two launches: the attention, and
-        the chain from the output projection to the next layer's QKV projection
-        (kernels/layer_chain.py)."""
-        if not (triton_rows(x) and x.shape[0] <= MAX_ROWS):
-            return super().layers_forward(x, rope, attn, kv)
-        from ..kernels.layer_chain import layer_chain
-
-        layers = self.model.layers
-        first = layers[0]
-        qkv = linear(first.input_layernorm(x), first.self_attn.qkv_proj.weight, first.self_attn.qkv_proj.bias)
-        for i, layer in enumerate(layers):
-            o = layer.self_attn.attend(qkv, rope, attn, kv.layer(i)).flatten(1)
-            nxt = layers[i + 1] if i + 1 < len(layers) else None
-            a, mlp, norm = layer.self_attn, layer.mlp, layer.post_attention_layernorm
-            out = getattr(a, a.out_name)
-            x, qkv = layer_chain(
-                o, x, (out.weight, out.bias), (norm.weight, norm.eps), (mlp.gate_up_proj.weight, mlp.gate_up_proj.bias),
-                (mlp.down_proj.weight, mlp.down_proj.bias),
-                (nxt.input_layernorm.weight, nxt.input_layernorm.eps) if nxt else None,
-                (nxt.self_attn.qkv_proj.weight, nxt.self_attn.qkv_proj.bias) if nxt else None)
-        return x
