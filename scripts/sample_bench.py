@@ -1,13 +1,15 @@
 """Sampling cost per decode step (H200): the torch sampler against the fused kernel
 (kernels/sample.py) over [rows, vocab] fp32 logits, greedy and tempered, with and without a grammar
-bitmask; CUDA-graph replays, µs. Usage: python scripts/sample_bench.py [rows] [vocab]"""
+bitmask, and tempered with top-k / top-p / min-p (the kernel's candidate walk against the torch
+sort); CUDA-graph replays, µs. Usage: python scripts/sample_bench.py [rows] [vocab]"""
 import sys
+from types import SimpleNamespace
 
 import torch
 import triton.testing
 
 from slipstream.kernels.sample import fused_sample
-from slipstream.sampling import apply_bitmask, gumbel_noise
+from slipstream.sampling import apply_bitmask, apply_filters, gumbel_noise
 
 rows = int(sys.argv[1]) if len(sys.argv) > 1 else 32
 vocab = int(sys.argv[2]) if len(sys.argv) > 2 else 151936
@@ -17,25 +19,36 @@ seeds = torch.randint(0, 2**62, (rows,), device="cuda")
 token_index = torch.arange(rows, device="cuda")
 
 
-def torch_sampler(temperature, mask, random):
+def torch_sampler(temperature, mask, random, filters):
     """sampling.sample's torch path (what ran before the fused kernel)."""
     x = apply_bitmask(logits, mask) if mask is not None else logits
     greedy = x.argmax(-1)
     if not random:
         return greedy
-    noisy = (x / temperature.float().clamp_min(1e-6)[:, None] + gumbel_noise(seeds, token_index, vocab)).argmax(-1)
+    scaled = x / temperature.float().clamp_min(1e-6)[:, None]
+    if filters is not None:
+        scaled = apply_filters(scaled, SimpleNamespace(top_k=filters[0], top_p=filters[1], min_p=filters[2]))
+    noisy = (scaled + gumbel_noise(seeds, token_index, vocab)).argmax(-1)
     return torch.where(temperature > 0, noisy, greedy)
 
 
+def per_row(top_k: int, top_p: float, min_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (torch.full((rows,), top_k, device="cuda"), torch.full((rows,), top_p, dtype=torch.float64, device="cuda"),
+            torch.full((rows,), min_p, dtype=torch.float64, device="cuda"))
+
+
 print(f"{rows} rows x {vocab} vocab ({rows * vocab * 4 / 1e6:.1f} MB of fp32 logits)")
-print(f"{'case':>22} {'torch us':>9} {'fused us':>9}")
-for name, temp in (("greedy", 0.0), ("temperature 0.8", 0.8)):
+print(f"{'case':>32} {'torch us':>9} {'fused us':>9}")
+for name, temp, filters in (("greedy", 0.0, None), ("temperature 0.8", 0.8, None),
+                            ("T 0.8, top-k 50, top-p 0.9", 0.8, per_row(50, 0.9, 0.0)),
+                            ("T 0.8, top-p 0.9", 0.8, per_row(0, 0.9, 0.0)),
+                            ("T 0.8, min-p 0.05", 0.8, per_row(0, 1.0, 0.05))):
     temperature = torch.full((rows,), temp, dtype=torch.float64, device="cuda")
     key = (seeds, token_index) if temp > 0 else (None, None)
     for mask in (None, words):
-        t_torch = triton.testing.do_bench_cudagraph(lambda: torch_sampler(temperature, mask, temp > 0),
+        t_torch = triton.testing.do_bench_cudagraph(lambda: torch_sampler(temperature, mask, temp > 0, filters),
                                                     return_mode="median")
-        t_fused = triton.testing.do_bench_cudagraph(lambda: fused_sample(logits, mask, temperature, *key),
-                                                    return_mode="median")
+        t_fused = triton.testing.do_bench_cudagraph(lambda: fused_sample(logits, mask, temperature, *key,
+                                                                         filters=filters), return_mode="median")
         label = name + (" + mask" if mask is not None else "")
-        print(f"{label:>22} {t_torch * 1e3:>9.1f} {t_fused * 1e3:>9.1f}", flush=True)
+        print(f"{label:>32} {t_torch * 1e3:>9.1f} {t_fused * 1e3:>9.1f}", flush=True)

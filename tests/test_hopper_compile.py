@@ -95,6 +95,7 @@ def main() -> None:
     temperature, seeds = mk(32, dtype=torch.float64), torch.arange(32)
     fused_sample(logits, None, temperature, None)
     fused_sample(logits, words, temperature, seeds, seeds)
+    fused_sample(logits, None, temperature, seeds, seeds, filters=(seeds, temperature, temperature))  # top-k/p, min-p
 
 
 if __name__ == "__main__":

@@ -222,6 +222,57 @@ def test_fused_sample_matches_the_torch_sampler(masked):
     assert greedy.tolist() == ref.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_sample_with_filters_matches_the_torch_sampler(masked):
+    """top-k, top-p and min-p, alone and together, on tempered and greedy rows: the kernel's draw
+    is the torch path's (sort, softmax, cumulative mass, then Gumbel-max over the kept tokens) for
+    several keys, over a vocabulary of three chunks, including top-k 1 (the most likely token) and
+    filters so tight the unfiltered winner is almost never kept (the kernel then walks its
+    candidates up, skipping blocks of lower logits)."""
+    from types import SimpleNamespace
+
+    from slipstream.kernels.sample import CHUNK, fused_sample
+    from slipstream.sampling import apply_bitmask, apply_filters, gumbel_noise
+
+    rows, vocab = 9, 2 * CHUNK + 1234
+    g = torch.Generator().manual_seed(7 + int(masked))
+    logits = (torch.randn(rows, vocab, generator=g) * 2).to(DEVICE)
+    words = torch.randint(-2**31, 2**31 - 1, (rows, -(-vocab // 32)), generator=g, dtype=torch.int32).to(DEVICE)
+    temperature = torch.tensor([0.8, 1.0, 1.5, 0.7, 1.2, 1.0, 0.0, 2.0, 1.0], dtype=torch.float64, device=DEVICE)
+    params = SimpleNamespace(
+        top_k=torch.tensor([0, 5, 0, 0, 50, 1, 5, 0, 0], device=DEVICE),
+        top_p=torch.tensor([1.0, 1.0, 0.5, 1.0, 0.9, 1.0, 1.0, 0.99, 0.3], dtype=torch.float64, device=DEVICE),
+        min_p=torch.tensor([0.0, 0.0, 0.0, 0.1, 0.05, 0.0, 0.0, 0.0, 0.2], dtype=torch.float64, device=DEVICE))
+    ref = apply_bitmask(logits, words) if masked else logits
+    for trial in range(3):
+        seeds = torch.randint(0, 2**63 - 1, (rows,), generator=g).to(DEVICE)
+        token_index = torch.arange(rows, device=DEVICE) + trial
+        scaled = apply_filters(ref / temperature.float().clamp_min(1e-6)[:, None], params)
+        noisy = scaled + gumbel_noise(seeds, token_index, vocab)
+        want = torch.where(temperature > 0, noisy.argmax(-1), ref.argmax(-1))
+        out = torch.full((rows,), -1, dtype=torch.int64, device=DEVICE)
+        fused_sample(logits, words if masked else None, temperature, seeds, token_index, out=out,
+                     filters=(params.top_k, params.top_p, params.min_p))
+        assert out.tolist() == want.tolist()
+
+
+def test_fused_sample_with_filters_ends_on_non_finite_logits():
+    """NaN or infinite logits (a broken model) give some token under filters rather than a walk
+    that never ends; a finite row beside them is unaffected."""
+    from slipstream.kernels.sample import fused_sample
+
+    logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    logits[0] = float("nan")
+    logits[1, 17] = float("inf")
+    logits[2, ::2] = float("nan")
+    rows = torch.ones(4, dtype=torch.float64, device=DEVICE)
+    seeds, index = torch.arange(4, device=DEVICE), torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    filters = (torch.full((4,), 5, device=DEVICE), rows * 0.5, rows * 0.1)
+    tokens = fused_sample(logits, None, rows, seeds, index, filters=filters)
+    assert tokens.shape == (4,) and bool(((tokens >= 0) & (tokens < 3000)).all())
+    assert int(tokens[3]) in logits[3].topk(5).indices.tolist()
+
+
 def test_fused_sample_breaks_ties_and_empty_masks_like_torch_argmax():
     """Equal maxima in different chunks give the lowest index; a row whose mask allows nothing gives 0."""
     from slipstream.kernels.sample import CHUNK, fused_sample

@@ -204,15 +204,17 @@ def apply_filters(scaled: torch.Tensor, p: SamplerInputs) -> torch.Tensor:
 def sample(logits: torch.Tensor, p: SamplerInputs, mask_words: torch.Tensor | None,
            counts: torch.Tensor | None = None, prompt_mask: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row: argmax where temperature is 0, else argmax(filtered logits / T + Gumbel).
-    On CUDA, steps without top-k/top-p/min-p take one fused kernel (kernels.sample) after the
-    penalties; the result is the same (penalties leave masked-out logits at -inf)."""
+    On CUDA, sampling after the penalties is one kernel (kernels.sample), with the same result
+    (penalties leave masked-out logits at -inf; top-k and top-p differ only in which of several
+    tokens with exactly equal logits at the cut they keep, which the sort leaves unspecified)."""
     logits = logits.float()
     if p.any_penalty:
         logits = apply_penalties(logits, counts, prompt_mask, p)
-    if triton_rows(logits) and not p.any_filter:
+    if triton_rows(logits):
         from .kernels.sample import fused_sample
 
-        return fused_sample(logits, mask_words, p.temperature, p.seeds if p.any_random else None, p.token_index)
+        return fused_sample(logits, mask_words, p.temperature, p.seeds if p.any_random else None, p.token_index,
+                            filters=(p.top_k, p.top_p, p.min_p) if p.any_filter else None)
     if mask_words is not None:
         logits = apply_bitmask(logits, mask_words)
     greedy = logits.argmax(dim=-1)
