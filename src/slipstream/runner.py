@@ -13,6 +13,7 @@ import torch
 
 from .device import DeviceLayer
 from .kv_cache import SCRATCH_PAGE, KVCache
+from .kernels import triton_rows
 from .kernels.attention import AttentionInputs
 from .models.llama import CausalLM
 from .pipeline import Step
@@ -157,8 +158,15 @@ class ModelRunner:
         return self.model(self.last_tokens[d["rows"][:rows]], d["positions"][:rows], attn, self.kv, None)
 
     def greedy_tail(self, slot: DecodeSlot, rows: int, logits: torch.Tensor) -> None:
-        """Greedy sampling as captured in the fused graphs: argmax, last-token scatter, sampled copy."""
-        tokens = logits.argmax(dim=-1)
+        """Greedy sampling as captured in the fused graphs: argmax (on CUDA the sampling kernel, half
+        the time of torch's argmax over a large vocabulary; every row's temperature is 0 here),
+        last-token scatter, sampled copy."""
+        if triton_rows(logits):
+            from .kernels.sample import fused_sample
+
+            tokens = fused_sample(logits, None, slot.dev["temperature"][:rows], None)
+        else:
+            tokens = logits.argmax(dim=-1)
         self.last_tokens.index_copy_(0, slot.dev["rows"][:rows], tokens)
         slot.sampled[:rows].copy_(tokens)
 
