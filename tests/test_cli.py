@@ -22,6 +22,10 @@ def test_make_random_generate_and_bench(tmp_path, capsys):
     assert main(["bench", "--model", str(ckpt), "--device", "cpu", "--streams", "2", "--mode", "pipelined",
                  "--max-tokens", "4", "--prompt-tokens", "4", "--temperature", "0.8", "--out", str(out)]) == 0
     assert [(r["workload"], r["output_tokens"]) for r in json.loads(out.read_text())["results"]] == [("sampled0.8", 8)]
+    assert main(["bench", "--model", str(ckpt), "--device", "cpu", "--streams", "2", "--mode", "pipelined",
+                 "--max-tokens", "4", "--prompt-tokens", "4", "--temperature", "0.8", "--top-p", "0.9",
+                 "--out", str(out)]) == 0
+    assert [r["workload"] for r in json.loads(out.read_text())["results"]] == ["sampled0.8p0.9"]
 
 
 def test_errors_are_messages(tmp_path, capsys):

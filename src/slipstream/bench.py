@@ -8,8 +8,8 @@ hand-off of every text delta to a consumer thread, as a server would).
   other, so prefill and admission dominate (the point-and-detect case); reports requests/s.
 - zombie: outputs ended by a stop token (a zombie step follows) vs the same tokens ended by max_tokens.
 - constrained (json<fraction>): the decode workload with a fraction of streams under a JSON schema.
-- `temperature` > 0 (sampled<T>): the decode workload drawing tokens at that temperature, one seed
-  per stream.
+- `temperature` > 0 (sampled<T>, sampled<T>p<P> with `top_p` < 1): the decode workload drawing
+  tokens at that temperature (from that nucleus), one seed per stream.
 On a GPU each run also measures copy bandwidth and reports the floor (DESIGN §5) beside each figure."""
 from __future__ import annotations
 
@@ -76,16 +76,16 @@ JSON_BENCH_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}
 
 
 def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: int = 0,
-             constrained: float = 0.0, temperature: float = 0.0) -> BenchResult:
+             constrained: float = 0.0, temperature: float = 0.0, top_p: float = 1.0) -> BenchResult:
     """The decode workload; `constrained` is the fraction of streams under a JSON schema, the others
-    sample at `temperature` (0: greedy)."""
+    sample at `temperature` (0: greedy), from the nucleus `top_p`."""
     rng = random.Random(seed)
     vocab = llm.core.model_config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(streams)]
     n_json = round(constrained * streams)
     params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, json_schema=JSON_BENCH_SCHEMA)] * n_json
-    params += [SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature, seed=i)
-               for i in range(streams - n_json)]
+    params += [SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature, top_p=top_p,
+                              seed=i) for i in range(streams - n_json)]
     log = llm.core.scheduler.commit_log
     log.clear()
     consumer = Consumer()
@@ -94,7 +94,8 @@ def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: 
     outs = [llm.result(i) for i in ids]
     wall = time.perf_counter() - t0
     consumer.close()
-    label = f"json{constrained:g}" if constrained else f"sampled{temperature:g}" if temperature else "decode"
+    nucleus = f"p{top_p:g}" if top_p < 1 else ""
+    label = f"json{constrained:g}" if constrained else f"sampled{temperature:g}{nucleus}" if temperature else "decode"
     return _result(llm, label, streams, prompt_tokens, max_tokens, outs, wall)
 
 
@@ -184,7 +185,8 @@ def floor_ms(llm: LLM, streams: int, context: int, bandwidth: float) -> float:
 
 def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: int, max_tokens: int,
         device: str | None, dtype: str, out: Path | None, workload: str = "decode",
-        profile: bool = False, constrained: list[float] | None = None, temperature: float = 0.0) -> list[BenchResult]:
+        profile: bool = False, constrained: list[float] | None = None, temperature: float = 0.0,
+        top_p: float = 1.0) -> list[BenchResult]:
     """Run one workload for every mode and stream count; print a table, write JSON (and PNGs)."""
     results, profiles, floors, engine_stats = [], {}, {}, {}
     bar = tqdm(total=len(streams) * len(modes), desc="bench", unit="case")
@@ -198,7 +200,7 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
                 bandwidth = copy_bandwidth()
             for n in sorted(set(streams)):  # warm-up: each batch shape's first use, the grammar's compile
                 run_case(llm, n, prompt_tokens, 8, seed=99, constrained=1.0 if workload == "constrained" else 0.0,
-                         temperature=temperature)
+                         temperature=temperature, top_p=top_p)
             for n in streams:
                 bar.set_postfix_str(f"{mode} x{n}")
                 if workload == "short":
@@ -214,7 +216,7 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
                 else:
                     if profile and n == max(streams):
                         profiles[mode] = llm.core.runner.profiler = _new_profiler(llm)
-                    results.append(run_case(llm, n, prompt_tokens, max_tokens, temperature=temperature))
+                    results.append(run_case(llm, n, prompt_tokens, max_tokens, temperature=temperature, top_p=top_p))
                     llm.core.runner.profiler = None
                 if bandwidth:
                     floors[n] = floor_ms(llm, n, prompt_tokens + max_tokens // 2, bandwidth)

@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="fractions of streams under a JSON schema, e.g. 0,0.5,1 (structured-output cost)")
     b.add_argument("--temperature", type=float, default=0.0,
                    help="decode workload: sample at this temperature (one seed per stream) instead of greedy")
+    b.add_argument("--top-p", type=float, default=1.0, help="with --temperature: sample from this nucleus")
     b.add_argument("--profile", action="store_true",
                    help="GPU: per-step forward/sampling/bookkeeping/idle split and a PNG timeline")
     b.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         workload = ("short" if args.short else "zombie" if args.zombie
                     else "constrained" if args.constrained is not None else "decode")
         run(args.model, args.streams, args.mode, args.prompt_tokens, args.max_tokens, args.device, args.dtype,
-            args.out, workload, args.profile, args.constrained, args.temperature)
+            args.out, workload, args.profile, args.constrained, args.temperature, args.top_p)
         return 0
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"slipstream: error: {e}", file=sys.stderr)
