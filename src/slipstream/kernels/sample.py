@@ -10,7 +10,8 @@ Program (row, chunk) reduces one chunk of the vocabulary to its best (value, ind
 last chunk of a row to arrive (`arrival_counters`) merges them in chunk order, keeping the lowest
 index among equal values as torch.argmax does, and resets the counter. With filters the chunks
 also leave their softmax max and normalizer and each block's largest tempered logit, and the last
-to arrive walks from the unfiltered draw up to the filtered one (`_filter_walk`) without a sort."""
+to arrive walks from the unfiltered draw up to the filtered one (`_filter_walk`) instead of sorting
+the vocabulary."""
 from __future__ import annotations
 
 import torch
@@ -151,8 +152,8 @@ def _above(logits_ptr, mask_ptr, order_ptr, maxima, row, floor, key, t, top, V, 
            HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, INCLUSIVE: tl.constexpr):
     """Over the tokens with tempered logit s > floor (s >= floor if INCLUSIVE): how many, their
     unnormalized probability mass, and the noisy draw among them. Only the blocks whose largest s
-    (`maxima`) passes are read: the first of `order` (block ids by descending maximum), a loop
-    without branches that the compiler can pipeline."""
+    (`maxima`) passes are read: the first of `order` (block ids by descending maximum), so the loop
+    has no branch and no pass over blocks it skips."""
     count = tl.zeros([BLOCK], tl.int32)
     mass = tl.zeros([BLOCK], tl.float32)
     best_n = tl.full([BLOCK], float("-inf"), tl.float32)
