@@ -265,10 +265,10 @@ def test_fused_sample_with_filters_ends_on_non_finite_logits():
     logits[0] = float("nan")
     logits[1, 17] = float("inf")
     logits[2, ::2] = float("nan")
-    rows = torch.ones(4, dtype=torch.float64, device=DEVICE)
+    ones = torch.ones(4, dtype=torch.float64, device=DEVICE)  # temperature 1; scaled for top-p and min-p
     seeds, index = torch.arange(4, device=DEVICE), torch.zeros(4, dtype=torch.int64, device=DEVICE)
-    filters = (torch.full((4,), 5, device=DEVICE), rows * 0.5, rows * 0.1)
-    tokens = fused_sample(logits, None, rows, seeds, index, filters=filters)
+    filters = (torch.full((4,), 5, device=DEVICE), ones * 0.5, ones * 0.1)
+    tokens = fused_sample(logits, None, ones, seeds, index, filters=filters)
     assert tokens.shape == (4,) and bool(((tokens >= 0) & (tokens < 3000)).all())
     assert int(tokens[3]) in logits[3].topk(5).indices.tolist()
 
