@@ -60,7 +60,8 @@ def main() -> None:
 
     import slipstream.kernels as kernels
     from slipstream.kernels import paged_decode
-    from slipstream.kernels.norm import layer_norm, rms_norm
+    from slipstream.kernels.linear import PendingSum
+    from slipstream.kernels.norm import add_rms_norm, layer_norm, rms_norm
     from slipstream.kernels.sample import fused_sample
     from slipstream.kernels.skinny_gemm import Config, skinny_linear
 
@@ -78,6 +79,8 @@ def main() -> None:
                       config=Config(16, 128, 4, 4, split))
     skinny_linear(x, mk(4096, 896), out_dtype=torch.float32, config=Config(64, 128, 4, 4, 1))
     rms_norm(x, mk(896), 1e-6)
+    partials = skinny_linear(mk(32, 4864), mk(896, 4864), defer=True, config=Config(32, 128, 4, 4, 4))
+    add_rms_norm(PendingSum(partials, None, res), mk(896), 1e-6)
     layer_norm(x, mk(896), mk(896), 1e-5)
     cos, sin = mk(32, 1, 64), mk(32, 1, 64)
     pages = mk(300, 16, 2, 64), mk(300, 16, 2, 64)

@@ -163,6 +163,34 @@ def test_rms_norm_kernel_matches_transformers_formula(rows, d, dtype):
     assert got.dtype == dtype and err < (1e-6 if dtype == torch.float32 else 1e-2), err
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_deferred_sum_finished_by_the_norm_is_the_gemm_epilogue_bit_for_bit(split_k, bias, dtype):
+    """linear.PendingSum: the GEMM leaves its split-K partials and the next RMSNorm sums them. The
+    residual stream it writes equals the GEMM's own epilogue (same order, same roundings) exactly,
+    and the norm equals rms_norm of it; the residual is left as it was."""
+    from slipstream.kernels.linear import PendingSum
+    from slipstream.kernels.norm import add_rms_norm, rms_norm
+    from slipstream.kernels.skinny_gemm import Config, skinny_linear
+
+    g = torch.Generator().manual_seed(split_k)
+    def mk(*shape):
+        return torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
+
+    m, n, k = 5, 40, 96
+    x, w, r, nw = mk(m, k), mk(n, k) / 4, mk(m, n), mk(n)
+    b = mk(n) if bias else None
+    config = Config(16, 32, 4, 1, split_k)
+    want = skinny_linear(x, w, b, residual=r, config=config)
+    partials = skinny_linear(x, w, config=config, defer=True)
+    assert partials.shape == (split_k, m, n) and partials.dtype == torch.float32
+    before = r.clone()
+    total, normed = add_rms_norm(PendingSum(partials, b, r), nw, 1e-6)
+    assert torch.equal(total, want) and torch.equal(r, before)
+    assert torch.equal(normed, rms_norm(want, nw, 1e-6))
+
+
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_skinny_linear_activation_from_a_column_into_a_wider_buffer(split_k):
     """Phi's fused [qkv; fc1] GEMM: GELU only on the columns from `act_from`, written into the left part

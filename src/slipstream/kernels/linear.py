@@ -5,12 +5,25 @@ epilogue inside; everything else (long prefills, the CPU) runs the torch referen
 roundings the kernel reproduces."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 from . import triton_rows
 
 MAX_ROWS = 64  # decode batches up to this size run the skinny GEMM
+
+
+class PendingSum(NamedTuple):
+    """`residual + (x @ W.T + bias)` whose GEMM left its split-K partials unsummed: the next kernel,
+    an RMSNorm that reads whole rows anyway, sums them in split order (as the GEMM's own fix-up
+    would, so the bits are the same) and writes the residual stream beside the norm. The GEMM then
+    ends at its main loop: no arrival counter, no reload of the partials, no residual read."""
+
+    partials: torch.Tensor  # [splits, rows, N] fp32
+    bias: torch.Tensor | None
+    residual: torch.Tensor
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
@@ -32,14 +45,18 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
            residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, defer: bool = False) -> torch.Tensor | PendingSum:
     """x [rows, K] -> [rows, N]. `act`: None; "gelu_tanh" or "gelu", applied to the output columns
     from `act_from` on; or "swiglu", for weight rows interleaving gate and up (see
     `interleave_gate_up`), giving [rows, N / 2]. `residual` is added last; `out` (a view, e.g.
-    columns of a wider buffer) receives the result."""
+    columns of a wider buffer) receives the result. `defer` (with a residual): where the skinny
+    GEMM runs, a PendingSum for the next RMSNorm to finish."""
     if triton_rows(x) and x.shape[0] <= MAX_ROWS:
         from .skinny_gemm import skinny_linear
 
+        if defer:
+            assert residual is not None and act is None and out is None and out_dtype is None
+            return PendingSum(skinny_linear(x, weight, defer=True), bias, residual)
         return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out)
     return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out)
 

@@ -75,10 +75,12 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
                           ACT_FROM, stride_xm, stride_wn, stride_rm, stride_om,
                           HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, UPCAST: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+                          EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, DEFER: tl.constexpr,
+                          PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
-    sums the partials in split order (deterministic), runs the epilogue and resets the counter."""
+    sums the partials in split order (deterministic), runs the epilogue and resets the counter.
+    DEFER: every program only leaves its partial; the next kernel sums them (linear.PendingSum)."""
     act_dtype = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -107,12 +109,14 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             acc += tl.dot(x, tl.trans(w))
     if PDL:  # the next kernel may start its launch now; it waits for this grid to finish before it reads
         tl.extra.cuda.gdc_launch_dependents()
-    if SPLIT_K == 1:
+    tile = rm[:, None] * N + rn[None, :]
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+    if DEFER:
+        tl.store(partial_ptr + pid_k * M * N + tile, acc, mask=tile_ok)
+    elif SPLIT_K == 1:
         _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
                   HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
     else:
-        tile = rm[:, None] * N + rn[None, :]
-        tile_ok = row_ok[:, None] & col_ok[None, :]
         tl.store(partial_ptr + pid_k * M * N + tile, acc, mask=tile_ok)
         tl.debug_barrier()  # every thread's partial is written before the arrival is counted
         if tl.atomic_add(arrivals_ptr + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:
@@ -124,40 +128,47 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             tl.atomic_xchg(arrivals_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
 
 
-def default_config(m: int, n: int, k: int) -> Config:
-    """The launch configuration for an (M, N, K) problem, from `scripts/gemm_sweep.py` on the H200
-    (docs/kernel-notes.md). Enough programs must stream weights at once to cover the SMs: wide
-    layers get there with BLOCK_N tiles alone (64 wide from N = 8192: LM heads, [qkv; fc1],
-    [gate; up]); narrow-and-deep ones (down projections, Phi's [fc2 | dense]) split K up to 4 ways.
-    Narrow-and-shallow ones (Qwen's o and qkv projections) are launch-bound whatever the tiling."""
+def default_config(m: int, n: int, k: int, defer: bool = False) -> Config:
+    """The launch configuration for an (M, N, K) problem, from `scripts/gemm_sweep.py` and the decode
+    step on the H200 (docs/kernel-notes.md). Enough programs must stream weights at once to cover
+    the SMs: wide layers get there with BLOCK_N tiles alone (32 wide from N = 8192, 64 where that
+    would make more than three waves: LM heads, Phi's [qkv; fc1]); narrow-and-deep ones (down
+    projections, Phi's [fc2 | dense]) split K up to 4 ways, keeping 4 K blocks a split, or 3 where
+    the split costs no fix-up (`defer`: Qwen's o projection splits then)."""
     if INTERPRET:
         return Config(16, 32, 4, 1, 2 if k >= 64 else 1)
-    block_n = 64 if n >= 8192 else (32 if k >= 2048 else 16)
+    sms = sm_count()
+    block_n = 32 if n >= 8192 or k >= 2048 else 16
+    if triton.cdiv(n, block_n) > 3 * sms:
+        block_n = 64
     block_k = 128
     tiles = triton.cdiv(n, block_n)
-    sms = sm_count()
-    split = 1 if tiles >= sms else max(1, min(4, triton.cdiv(4 * sms, tiles), triton.cdiv(k, block_k) // 4))
+    k_blocks = triton.cdiv(k, block_k) // (3 if defer else 4)
+    split = 1 if tiles >= sms else max(1, min(4, triton.cdiv(4 * sms, tiles), k_blocks))
     return Config(block_n, block_k, 4, 4, split)
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
                   residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
-                  out: torch.Tensor | None = None, config: Config | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, config: Config | None = None, defer: bool = False) -> torch.Tensor:
     """x [M, K], weight [N, K] -> [M, N] with M <= 64 ([M, N / 2] for "swiglu", whose weight rows
     interleave gate and up); GELU applies to output columns from `act_from` on. Rows of x,
-    residual and out may be strided; features must be contiguous."""
+    residual and out may be strided; features must be contiguous. `defer`: x @ W.T only, returned as
+    its split-K partials [splits, M, N] (fp32) for the next kernel to sum (see linear.PendingSum)."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= 64 and weight.shape[1] == k, (x.shape, weight.shape)
     assert x.stride(-1) == 1 and weight.stride(-1) == 1 and (out is None or out.stride(-1) == 1)
-    cfg = config or default_config(m, n, k)
+    assert not defer or (bias is None and act is None and residual is None and out is None)
+    cfg = config or default_config(m, n, k, defer)
     assert act != "swiglu" or cfg.block_n % 2 == 0
-    if out is None:
-        out = torch.empty((m, n // 2 if act == "swiglu" else n), dtype=out_dtype or x.dtype, device=x.device)
     tiles = triton.cdiv(n, cfg.block_n)
     k_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
+    if out is None:
+        shape = (cfg.split_k, m, n) if defer else (m, n // 2 if act == "swiglu" else n)
+        out = torch.empty(shape, dtype=torch.float32 if defer else out_dtype or x.dtype, device=x.device)
     partial, arrivals = out, out
-    if cfg.split_k > 1:
+    if cfg.split_k > 1 and not defer:
         partial = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
         arrivals = arrival_counters(x.device, tiles)
     _skinny_linear_kernel[(tiles, cfg.split_k)](
@@ -167,5 +178,5 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
-        SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args())
+        SPLIT_K=cfg.split_k, DEFER=defer, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args())
     return out

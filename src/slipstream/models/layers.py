@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import triton_rows
+from ..kernels.linear import PendingSum
 from .config import ModelConfig
 
 
@@ -24,6 +25,15 @@ class RMSNorm(nn.Module):
 
             return rms_norm(x, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    def add(self, x: torch.Tensor | PendingSum) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, norm(x)) for a residual stream that may still be a GEMM's PendingSum (decode steps on
+        CUDA), which the norm's kernel then sums first."""
+        if isinstance(x, PendingSum):
+            from ..kernels.norm import add_rms_norm
+
+            return add_rms_norm(x, self.weight, self.eps)
+        return x, self(x)
 
 
 class LayerNorm(nn.LayerNorm):

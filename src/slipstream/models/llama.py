@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..kernels.attention import AttentionInputs, rotary_paged_attention
-from ..kernels.linear import interleave_gate_up, linear
+from ..kernels.linear import PendingSum, interleave_gate_up, linear
 from ..kv_cache import KVCache
 from .config import ModelConfig
 from .layers import RMSNorm, Rotary, frozen_linear, fuse_linears
@@ -37,12 +37,12 @@ class Attention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
-                pages: tuple[torch.Tensor, torch.Tensor], residual: torch.Tensor) -> torch.Tensor:
-        """`residual` + attention of `x` (the sum is the output projection's epilogue)."""
+                pages: tuple[torch.Tensor, torch.Tensor], residual: torch.Tensor) -> torch.Tensor | PendingSum:
+        """`residual` + attention of `x` (the sum left to the next norm where the skinny GEMM runs)."""
         qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
         o = self.attend(qkv, rope, attn, pages).flatten(1)
         out = getattr(self, self.out_name)
-        return linear(o, out.weight, out.bias, residual=residual)
+        return linear(o, out.weight, out.bias, residual=residual, defer=True)
 
     def attend(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
                pages: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
@@ -67,10 +67,10 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = frozen_linear(interleave_gate_up(g.weight, u.weight), bias)
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """`residual` + down(silu(gate) * up)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | PendingSum:
+        """`residual` + down(silu(gate) * up) (the sum left to the next norm where the skinny GEMM runs)."""
         hidden = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, act="swiglu")
-        return linear(hidden, self.down_proj.weight, self.down_proj.bias, residual=residual)
+        return linear(hidden, self.down_proj.weight, self.down_proj.bias, residual=residual, defer=True)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -85,10 +85,12 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn.fuse()
         self.mlp.fuse()
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
-                pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x = self.self_attn(self.input_layernorm(x), rope, attn, pages, residual=x)
-        return self.mlp(self.post_attention_layernorm(x), residual=x)
+    def forward(self, x: torch.Tensor | PendingSum, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
+                pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor | PendingSum:
+        """The residual stream in and out; each norm finishes the sum the GEMM before it left pending."""
+        x, h = self.input_layernorm.add(x)
+        x, h = self.post_attention_layernorm.add(self.self_attn(h, rope, attn, pages, residual=x))
+        return self.mlp(h, residual=x)
 
 
 class LlamaBackbone(nn.Module):
@@ -126,9 +128,14 @@ class CausalLM(nn.Module):
         rope = self.rotary.table(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, rope, attn, kv.layer(i))
+        norm = getattr(self.model, self.final_norm)
+        pending = isinstance(x, PendingSum)
+        if pending:  # (a decode-sized step on CUDA: the norm finishes the last layer's sum, every row)
+            x = norm.add(x)[1]
         if logits_index is not None:
             x = x[logits_index]
-        x = getattr(self.model, self.final_norm)(x)
+        if not pending:
+            x = norm(x)
         return linear(x, self.lm_head.weight, self.lm_head.bias, out_dtype=torch.float32)
 
 
