@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+set -uo pipefail
+export SLIPSTREAM_CACHE=/tmp/slipstream-cache PYTHONUNBUFFERED=1
+mkdir -p $OUT/p
+b() { # name src model streams
+  local t0=$(date +%s.%N)
+  PYTHONPATH=$2 timeout 100 python3 -m slipstream bench --model random:$3 --streams $4 --mode pipelined \
+    --prompt-tokens 64 --max-tokens 128 --out $OUT/p/$1.json >/dev/null 2>$OUT/p/$1.err
+  python3 - $OUT/p/$1.json $1 $t0 <<'PY'
+import json,sys,time
+try:
+  d=json.load(open(sys.argv[1]))
+  print(sys.argv[2], " ".join(f"{r['streams']}:{r['ms_per_step']:.4f}" for r in d['results']), f"({time.time()-float(sys.argv[3]):.0f}s)", flush=True)
+except Exception as e: print(sys.argv[2], "FAILED", e, flush=True)
+PY
+}
+P=.variants/probe/src
+for r in 1 2; do b q.head.$r src qwen2.5-0.5b 32; b q.qfirst.$r $P qwen2.5-0.5b 32; done
+ABLATE=rope b q.abl.rope $P qwen2.5-0.5b 32
+EARLY=1 b q.early $P qwen2.5-0.5b 32
+for a in 8,4 8,8 2,4 4,8 16,8; do ATTN_PPB=${a%,*} ATTN_WARPS=${a#*,} b q.attn.${a/,/_} $P qwen2.5-0.5b 32; done
+for c in "1152x896=16,256,4,4,1" "1152x896=16,512,4,2,1" "1152x896=32,256,4,4,1" \
+         "896x896=16,256,4,4,1" "896x896=16,512,4,2,1" \
+         "9728x896=64,256,8,3,1" "9728x896=32,256,4,4,1" "9728x896=32,128,4,4,1" "9728x896=64,128,8,4,1" \
+         "896x4864=32,256,4,4,4" "896x4864=16,256,4,4,8" "896x4864=32,128,4,6,4"; do
+  GEMM_CFG=$c b "q.cfg.${c//[=,]/_}" $P qwen2.5-0.5b 32
+done
+b q.head.3 src qwen2.5-0.5b 32; b q.qfirst.3 $P qwen2.5-0.5b 32
+tar czf $OUT/p.tgz -C $OUT p && rm -rf $OUT/p
