@@ -169,7 +169,8 @@ def test_rms_norm_kernel_matches_transformers_formula(rows, d, dtype):
 def test_a_deferred_sum_finished_by_the_norm_is_the_gemm_epilogue_bit_for_bit(split_k, bias, dtype):
     """linear.PendingSum: the GEMM leaves its split-K partials and the next RMSNorm sums them. The
     residual stream it writes equals the GEMM's own epilogue (same order, same roundings) exactly,
-    and the norm equals rms_norm of it; the residual is left as it was."""
+    and the norm equals rms_norm of it; the residual is left as it was. (The deferred path runs
+    first, so no buffer it allocates can hold the expected values from an earlier call.)"""
     from slipstream.kernels.linear import PendingSum
     from slipstream.kernels.norm import add_rms_norm, rms_norm
     from slipstream.kernels.skinny_gemm import Config, skinny_linear
@@ -182,11 +183,11 @@ def test_a_deferred_sum_finished_by_the_norm_is_the_gemm_epilogue_bit_for_bit(sp
     x, w, r, nw = mk(m, k), mk(n, k) / 4, mk(m, n), mk(n)
     b = mk(n) if bias else None
     config = Config(16, 32, 4, 1, split_k)
-    want = skinny_linear(x, w, b, residual=r, config=config)
+    before = r.clone()
     partials = skinny_linear(x, w, config=config, defer=True)
     assert partials.shape == (split_k, m, n) and partials.dtype == torch.float32
-    before = r.clone()
     total, normed = add_rms_norm(PendingSum(partials, b, r), nw, 1e-6)
+    want = skinny_linear(x, w, b, residual=r, config=config)
     assert torch.equal(total, want) and torch.equal(r, before)
     assert torch.equal(normed, rms_norm(want, nw, 1e-6))
 
