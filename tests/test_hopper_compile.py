@@ -82,7 +82,7 @@ def main() -> None:
     partials = skinny_linear(mk(32, 4864), mk(896, 4864), defer=True, config=Config(32, 128, 4, 4, 4))
     add_rms_norm(PendingSum(partials, None, res), mk(896), 1e-6)
     layer_norm(x, mk(896), mk(896), 1e-5)
-    cos, sin = mk(32, 1, 64), mk(32, 1, 64)
+    cos, sin = mk(4096, 64, dtype=torch.float32), mk(4096, 64, dtype=torch.float32)
     pages = mk(300, 16, 2, 64), mk(300, 16, 2, 64)
     slots, lens = torch.arange(32), torch.full((32,), 128)
     table = torch.arange(32 * 8).view(32, 8)

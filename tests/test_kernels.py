@@ -73,8 +73,9 @@ def test_reference_decode_attention_matches_dense(page):
 @pytest.mark.parametrize("blocks_per_split", [8, 1])
 def test_paged_decode_with_the_new_token_is_rotary_then_write_then_attention(b, h, kvh, d, rot, dtype,
                                                                               blocks_per_split):
-    """The decode step's fused form: q and the step's k rotated (over `rot` features), k and v written
-    into their slot (poisoned first, so a read before the write shows), then attention over the
+    """The decode step's fused form: q and the step's k rotated (over `rot` features, by the rotary
+    tables' entries at the row's position, rounded to the dtype as the torch path rounds its rows), k
+    and v written into their slot (poisoned first, so a read before the write shows), then attention over the
     row's pages; against the torch path's three steps. Rows split over one block per program write
     the token from the split that holds it."""
     from slipstream.kernels.attention import apply_rotary, write_kv
@@ -84,17 +85,20 @@ def test_paged_decode_with_the_new_token_is_rotary_then_write_then_attention(b, 
     g = torch.Generator().manual_seed(d + h)
     kv = torch.randn(b, 2 * kvh + 1, d, generator=g).to(dtype).to(DEVICE)
     k, v = kv[:, 1:1 + kvh], kv[:, 1 + kvh:]  # strided views, as the models pass them
-    angles = torch.rand(b, 1, rot // 2, generator=g) * 6
-    cos = torch.cat([angles.cos()] * 2, -1).to(dtype).to(DEVICE)
-    sin = torch.cat([angles.sin()] * 2, -1).to(dtype).to(DEVICE)
+    # fp32 tables read at each row's last position; their values exact in `dtype` (the interpreter
+    # truncates where the GPU rounds, so the rounding itself is left to the GPU model tests)
+    angles = torch.rand(256, rot // 2, generator=g) * 6
+    cos_table = torch.cat([angles.cos()] * 2, -1).to(dtype).float().to(DEVICE)
+    sin_table = torch.cat([angles.sin()] * 2, -1).to(dtype).float().to(DEVICE)
     last = ctx - 1
+    cos, sin = (t[last][:, None, :].to(dtype) for t in (cos_table, sin_table))  # the torch path's rows
     slots = table[torch.arange(b), last // 16] * 16 + last % 16
     ref_kp, ref_vp = kp.clone(), vp.clone()
     write_kv(ref_kp, ref_vp, apply_rotary(k.double(), cos.double(), sin.double()).to(dtype), v, slots)
     for pages in (kp, vp):
         pages.view(-1, kvh, d)[slots] = float("nan")
     out = torch.full_like(q, float("nan"))
-    paged_decode_attention(q, kp, vp, table, ctx, scale, out=out, new_token=(k, v, cos, sin, slots),
+    paged_decode_attention(q, kp, vp, table, ctx, scale, out=out, new_token=(k, v, cos_table, sin_table, slots),
                            blocks_per_split=blocks_per_split)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     for got, want in ((kp, ref_kp), (vp, ref_vp)):

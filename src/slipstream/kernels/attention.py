@@ -4,6 +4,7 @@ Pages are [num_pages, page_size, kv_heads, head_dim]; a token's KV lives at flat
 page * page_size + offset, and `slot_mapping` gives that slot for every token of a step."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,25 @@ class AttentionInputs:
     context_lens: torch.Tensor | None = None
 
 
+@dataclass
+class Rope:
+    """A step's rotary embedding: the model's cos/sin tables [max_len, rotary_dim] (fp32) and the
+    tokens' positions. The torch path gathers the positions' rows once (`rows`, in the model's
+    dtype); the Triton decode kernel reads each row's entry itself at the last position of its
+    context, so a decode step launches no gather."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    positions: torch.Tensor
+    dtype: torch.dtype
+
+    @functools.cached_property
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [tokens, 1, rotary_dim] in the model's dtype."""
+        return (self.cos[self.positions][:, None, :].to(self.dtype),
+                self.sin[self.positions][:, None, :].to(self.dtype))
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [tokens, heads, head_dim]; rotates the first cos.shape[-1] features (rotate-half layout)."""
     dim = cos.shape[-1]
@@ -33,9 +53,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([rot, x[..., dim:]], dim=-1) if dim < x.shape[-1] else rot
 
 
-def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                           attn: AttentionInputs, pages: tuple[torch.Tensor, torch.Tensor],
-                           scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Rope, attn: AttentionInputs,
+                           pages: tuple[torch.Tensor, torch.Tensor], scale: float,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary on q and k, the KV write into the pages, then attention: [tokens, heads, head_dim] in
     and out (into `out` when given). CUDA decode steps run all of it in one Triton kernel; everything
     else the torch path."""
@@ -43,8 +63,8 @@ def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ro
         from .paged_decode import paged_decode_attention
 
         return paged_decode_attention(q, *pages, attn.page_table, attn.context_lens, scale, out,
-                                      new_token=(k, v, *rope, attn.slot_mapping))
-    q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+                                      new_token=(k, v, rope.cos, rope.sin, attn.slot_mapping))
+    q, k = apply_rotary(q, *rope.rows), apply_rotary(k, *rope.rows)
     write_kv(*pages, k, v, attn.slot_mapping)
     if attn.is_prefill:
         o = prefill_attention(q, k, v, attn.seq_lens, scale)

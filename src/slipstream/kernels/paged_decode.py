@@ -51,30 +51,32 @@ def _load_kv_block(k_ptr, v_ptr, page, kv_head, start, ctx, stride_kp, stride_ks
 
 
 @triton.jit
-def _rope(head_ptr, d, mask, cos_ptr, sin_ptr, row, stride_ct, ROT: tl.constexpr):
-    """Rotate-half rotary (fp32) over the first ROT features of the head(s) at `head_ptr` + d."""
+def _rope(head_ptr, d, mask, cos_ptr, sin_ptr, pos, stride_ct, ROT: tl.constexpr):
+    """Rotate-half rotary (fp32) over the first ROT features of the head(s) at `head_ptr` + d, with
+    the tables' entries at `pos` rounded to the heads' dtype (as the torch path's rows are)."""
     half: tl.constexpr = ROT // 2
     rotated = d < ROT
     partner = tl.where(d < half, d + half, d - half)
-    cos = tl.load(cos_ptr + row * stride_ct + d, mask=rotated, other=1.0).to(tl.float32)
-    sin = tl.load(sin_ptr + row * stride_ct + d, mask=rotated, other=0.0).to(tl.float32)
+    dtype = head_ptr.dtype.element_ty
+    cos = tl.load(cos_ptr + pos * stride_ct + d, mask=rotated, other=1.0).to(dtype).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * stride_ct + d, mask=rotated, other=0.0).to(dtype).to(tl.float32)
     x = tl.load(head_ptr + d, mask=mask, other=0.0).to(tl.float32)
     xp = tl.load(head_ptr + partner, mask=mask & rotated, other=0.0).to(tl.float32)
     return tl.where(rotated, x * cos + tl.where(d < half, -1.0, 1.0) * xp * sin, x)
 
 
 @triton.jit
-def _load_q(head_ptr, d, mask, cos_ptr, sin_ptr, row, stride_ct, ROT: tl.constexpr):
+def _load_q(head_ptr, d, mask, cos_ptr, sin_ptr, pos, stride_ct, ROT: tl.constexpr):
     """The query head(s) at `head_ptr` + d in fp32; with ROT > 0 rotated first, and rounded to the
     input dtype as a stored rotated q would be."""
     if ROT == 0:
         return tl.load(head_ptr + d, mask=mask, other=0.0).to(tl.float32)
-    q = _rope(head_ptr, d, mask, cos_ptr, sin_ptr, row, stride_ct, ROT)
+    q = _rope(head_ptr, d, mask, cos_ptr, sin_ptr, pos, stride_ct, ROT)
     return q.to(head_ptr.dtype.element_ty).to(tl.float32)
 
 
 @triton.jit
-def _store_new_token(k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_ptr, cos_ptr, sin_ptr, row, kv_head, stride_kt,
+def _store_new_token(k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_ptr, cos_ptr, sin_ptr, row, pos, kv_head, stride_kt,
                      stride_knh, stride_vt, stride_vnh, stride_ct, stride_kp, stride_ks, stride_kh,
                      HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, ROT: tl.constexpr):
     """This step's K (rotated) and V of one row and KV head into their slot of the pages, visible to
@@ -82,7 +84,7 @@ def _store_new_token(k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_ptr, cos_ptr, sin_
     d = tl.arange(0, HEAD_DIM)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     dst = (slot // PAGE) * stride_kp + (slot % PAGE) * stride_ks + kv_head * stride_kh + d
-    k = _rope(k_new_ptr + row * stride_kt + kv_head * stride_knh, d, d < HEAD_DIM, cos_ptr, sin_ptr, row,
+    k = _rope(k_new_ptr + row * stride_kt + kv_head * stride_knh, d, d < HEAD_DIM, cos_ptr, sin_ptr, pos,
               stride_ct, ROT)
     tl.store(k_ptr + dst, k.to(k_ptr.dtype.element_ty))
     v = tl.load(v_new_ptr + row * stride_vt + kv_head * stride_vnh + d)
@@ -110,9 +112,9 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_l
         if PDL:  # q, k and v come from the previous kernel (see skinny_gemm)
             tl.extra.cuda.gdc_wait()
         if ROT > 0:
-            _store_new_token(k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_ptr, cos_ptr, sin_ptr, row, kv_head, stride_kt,
-                             stride_knh, stride_vt, stride_vnh, stride_ct, stride_kp, stride_ks, stride_kh, HEAD_DIM,
-                             PAGE, ROT)
+            _store_new_token(k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_ptr, cos_ptr, sin_ptr, row, ctx - 1, kv_head,
+                             stride_kt, stride_knh, stride_vt, stride_vnh, stride_ct, stride_kp, stride_ks, stride_kh,
+                             HEAD_DIM, PAGE, ROT)
         _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, cos_ptr, sin_ptr, ctx, scale, row, kv_head,
                      stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, stride_ct,
                      HEAD_DIM, PAGE, PAGES_PER_BLOCK, ROT, PDL)
@@ -126,9 +128,9 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_l
             tl.extra.cuda.gdc_wait()
         if ROT > 0:
             if (n_blocks - 1) // blocks_per_split == split:  # the split holding the new token writes it
-                _store_new_token(k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_ptr, cos_ptr, sin_ptr, row, kv_head,
-                                 stride_kt, stride_knh, stride_vt, stride_vnh, stride_ct, stride_kp, stride_ks,
-                                 stride_kh, HEAD_DIM, PAGE, ROT)
+                _store_new_token(k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_ptr, cos_ptr, sin_ptr, row, ctx - 1,
+                                 kv_head, stride_kt, stride_knh, stride_vt, stride_vnh, stride_ct, stride_kp,
+                                 stride_ks, stride_kh, HEAD_DIM, PAGE, ROT)
         _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, cos_ptr,
                      sin_ptr, page, ctx, n_blocks, first, blocks_per_split, scale, row, kv_head, split, stride_qb,
                      stride_qh, stride_kp, stride_ks, stride_kh, stride_ob, stride_oh, stride_pt, stride_ct, GROUP,
@@ -148,8 +150,8 @@ def _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, par
     heads = kv_head * GROUP + g
     live = g < GROUP
     d = tl.arange(0, HEAD_DIM)
-    q = _load_q(q_ptr + row * stride_qb + heads[:, None] * stride_qh, d[None, :], live[:, None], cos_ptr, sin_ptr, row,
-                stride_ct, ROT) * scale
+    q = _load_q(q_ptr + row * stride_qb + heads[:, None] * stride_qh, d[None, :], live[:, None], cos_ptr, sin_ptr,
+                ctx - 1, stride_ct, ROT) * scale
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     denom = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -207,7 +209,7 @@ def _single_head(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, cos_ptr, sin_ptr,
     that uses them: loading them a block ahead, as the GQA form does, made it slower on the H200
     (docs/kernel-notes.md, variant 16)."""
     d = tl.arange(0, HEAD_DIM)
-    q = _load_q(q_ptr + row * stride_qb + head * stride_qh, d, d < HEAD_DIM, cos_ptr, sin_ptr, row, stride_ct,
+    q = _load_q(q_ptr + row * stride_qb + head * stride_qh, d, d < HEAD_DIM, cos_ptr, sin_ptr, ctx - 1, stride_ct,
                 ROT) * scale
     BLOCK: tl.constexpr = PAGE * PAGES_PER_BLOCK
     m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
@@ -243,9 +245,10 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     tensor-core formulation (default: for GQA groups) or the reduction one (default: for MHA); the
     former splits contexts longer than `blocks_per_split` blocks of `pages_per_block` pages when
     the (row, KV head) pairs alone cannot fill the GPU. `new_token` = (k, v, cos, sin, slot_mapping)
-    fuses the step's rotary and KV write in: q and k ([B, KVH, D], any strides) are rotated by
-    cos/sin ([B, ..., ROT]) and k, v stored at `slot_mapping` before attending; without it q is
-    rotated already and the pages hold the token."""
+    fuses the step's rotary and KV write in: q and k ([B, KVH, D], any strides) are rotated by the
+    tables cos/sin ([positions, ROT]) at each row's position, context_lens - 1 (the entries rounded
+    to q's dtype), and k, v stored at `slot_mapping` before attending; without it q is rotated
+    already and the pages hold the token."""
     b, h, d = q.shape
     _, page, kvh, _ = k_pages.shape
     group = h // kvh
@@ -263,7 +266,6 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     if new_token is not None:
         k_new, v_new, cos, sin, slots = new_token
         rot = cos.shape[-1]
-        cos, sin = cos.reshape(b, rot), sin.reshape(b, rot)
     else:  # (unused arguments of the right types)
         k_new, v_new, cos, sin, slots, rot = q, q, q[:, 0], q[:, 0], context_lens, 0
     _paged_decode_kernel[(b, kvh, splits)](

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import triton_rows
+from ..kernels.attention import Rope
 from ..kernels.linear import PendingSum
 from .config import ModelConfig
 
@@ -68,9 +69,9 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    """cos/sin tables for every position up to max_len, looked up once per forward (`table`) and
-    applied to the first `rotary_dim` features of each head (all of them unless the model uses
-    partial rotary, like Phi)."""
+    """cos/sin tables for every position up to max_len, handed to each forward's attention with its
+    positions (`table`) and applied to the first `rotary_dim` features of each head (all of them
+    unless the model uses partial rotary, like Phi)."""
 
     def __init__(self, cfg: ModelConfig, max_len: int) -> None:
         super().__init__()
@@ -80,8 +81,8 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos[positions][:, None, :].to(dtype), self.sin[positions][:, None, :].to(dtype)
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        return Rope(self.cos, self.sin, positions, dtype)
 
 
 def frozen_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:

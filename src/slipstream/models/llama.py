@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels.attention import AttentionInputs, rotary_paged_attention
+from ..kernels.attention import AttentionInputs, Rope, rotary_paged_attention
 from ..kernels.linear import PendingSum, interleave_gate_up, linear
 from ..kv_cache import KVCache
 from .config import ModelConfig
@@ -36,7 +36,7 @@ class Attention(nn.Module):
         self.qkv_proj = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
+    def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor], residual: torch.Tensor) -> torch.Tensor | PendingSum:
         """`residual` + attention of `x` (the sum left to the next norm where the skinny GEMM runs)."""
         qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
@@ -44,7 +44,7 @@ class Attention(nn.Module):
         out = getattr(self, self.out_name)
         return linear(o, out.weight, out.bias, residual=residual, defer=True)
 
-    def attend(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
+    def attend(self, qkv: torch.Tensor, rope: Rope, attn: AttentionInputs,
                pages: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
         """Projected q/k/v [tokens, (H + 2 KVH) * D] (rows may be strided) -> attention [tokens, H, D]."""
         q, k, v = qkv.view(qkv.shape[0], self.h + 2 * self.kvh, self.d).split([self.h, self.kvh, self.kvh], dim=1)
@@ -85,7 +85,7 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn.fuse()
         self.mlp.fuse()
 
-    def forward(self, x: torch.Tensor | PendingSum, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
+    def forward(self, x: torch.Tensor | PendingSum, rope: Rope, attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor | PendingSum:
         """The residual stream in and out; each norm finishes the sum the GEMM before it left pending."""
         x, h = self.input_layernorm.add(x)

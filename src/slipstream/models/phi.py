@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels.attention import AttentionInputs
+from ..kernels.attention import AttentionInputs, Rope
 from ..kernels.linear import linear
 from .config import ModelConfig
 from .layers import LayerNorm, frozen_linear, fuse_linears
@@ -41,7 +41,7 @@ class PhiDecoderLayer(nn.Module):
         self.out_proj = frozen_linear(torch.cat([m.fc2.weight, a.dense.weight], dim=1), m.fc2.bias + a.dense.bias)
         del a.q_proj, a.k_proj, a.v_proj, a.dense, self.mlp
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionInputs,
+    def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         t = x.shape[0]
         split = self.qkv_width + self.mlp_width
