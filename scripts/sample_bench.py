@@ -3,13 +3,12 @@
 bitmask, and tempered with top-k / top-p / min-p (the kernel's candidate walk against the torch
 sort); CUDA-graph replays, µs. Usage: python scripts/sample_bench.py [rows] [vocab]"""
 import sys
-from types import SimpleNamespace
 
 import torch
 import triton.testing
 
 from slipstream.kernels.sample import fused_sample
-from slipstream.sampling import apply_bitmask, apply_filters, gumbel_noise
+from slipstream.sampling import sample_reference
 
 rows = int(sys.argv[1]) if len(sys.argv) > 1 else 32
 vocab = int(sys.argv[2]) if len(sys.argv) > 2 else 151936
@@ -17,19 +16,6 @@ logits = torch.randn(rows, vocab, device="cuda") * 3
 words = torch.randint(-2**31, 2**31 - 1, (rows, -(-vocab // 32)), dtype=torch.int32, device="cuda")
 seeds = torch.randint(0, 2**62, (rows,), device="cuda")
 token_index = torch.arange(rows, device="cuda")
-
-
-def torch_sampler(temperature, mask, random, filters):
-    """sampling.sample's torch path (what ran before the fused kernel)."""
-    x = apply_bitmask(logits, mask) if mask is not None else logits
-    greedy = x.argmax(-1)
-    if not random:
-        return greedy
-    scaled = x / temperature.float().clamp_min(1e-6)[:, None]
-    if filters is not None:
-        scaled = apply_filters(scaled, SimpleNamespace(top_k=filters[0], top_p=filters[1], min_p=filters[2]))
-    noisy = (scaled + gumbel_noise(seeds, token_index, vocab)).argmax(-1)
-    return torch.where(temperature > 0, noisy, greedy)
 
 
 def per_row(top_k: int, top_p: float, min_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -46,8 +32,8 @@ for name, temp, filters in (("greedy", 0.0, None), ("temperature 0.8", 0.8, None
     temperature = torch.full((rows,), temp, dtype=torch.float64, device="cuda")
     key = (seeds, token_index) if temp > 0 else (None, None)
     for mask in (None, words):
-        t_torch = triton.testing.do_bench_cudagraph(lambda: torch_sampler(temperature, mask, temp > 0, filters),
-                                                    return_mode="median")
+        t_torch = triton.testing.do_bench_cudagraph(
+            lambda: sample_reference(logits, mask, temperature, *key, filters=filters), return_mode="median")
         t_fused = triton.testing.do_bench_cudagraph(lambda: fused_sample(logits, mask, temperature, *key,
                                                                          filters=filters), return_mode="median")
         label = name + (" + mask" if mask is not None else "")

@@ -234,7 +234,7 @@ def test_fused_sample_matches_the_torch_sampler(masked):
     the torch path's (bitmask, argmax, Gumbel noise from the same counter hash); the second launch
     checks that the first left its arrival counters reset."""
     from slipstream.kernels.sample import CHUNK, fused_sample
-    from slipstream.sampling import apply_bitmask, gumbel_noise
+    from slipstream.sampling import sample_reference
 
     rows, vocab = 6, 2 * CHUNK + 1234
     g = torch.Generator().manual_seed(int(masked))
@@ -244,15 +244,13 @@ def test_fused_sample_matches_the_torch_sampler(masked):
     temperature = torch.tensor([0.0, 0.7, 1.0, 0.0, 1.5, 0.3], dtype=torch.float64, device=DEVICE)
     seeds = torch.randint(0, 2**63 - 1, (rows,), generator=g).to(DEVICE)
     token_index = torch.arange(rows, device=DEVICE) * 5
-    ref = apply_bitmask(logits, words) if masked else logits
-    noisy = ref / temperature.float().clamp_min(1e-6)[:, None] + gumbel_noise(seeds, token_index, vocab)
-    want = torch.where(temperature > 0, noisy.argmax(-1), ref.argmax(-1))
+    want = sample_reference(logits, mask, temperature, seeds, token_index)
     for _ in range(2):
         out = torch.full((rows,), -1, dtype=torch.int64, device=DEVICE)
         fused_sample(logits, mask, temperature, seeds, token_index, out=out)
         assert out.tolist() == want.tolist()
     greedy = fused_sample(logits, mask, torch.zeros_like(temperature), None)
-    assert greedy.tolist() == ref.argmax(-1).tolist()
+    assert greedy.tolist() == sample_reference(logits, mask, temperature, None).tolist()
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -262,30 +260,24 @@ def test_fused_sample_with_filters_matches_the_torch_sampler(masked):
     several keys, over a vocabulary of three chunks, including top-k 1 (the most likely token) and
     filters so tight the unfiltered winner is almost never kept (the kernel then walks its
     candidates up, skipping blocks of lower logits)."""
-    from types import SimpleNamespace
-
     from slipstream.kernels.sample import CHUNK, fused_sample
-    from slipstream.sampling import apply_bitmask, apply_filters, gumbel_noise
+    from slipstream.sampling import sample_reference
 
     rows, vocab = 9, 2 * CHUNK + 1234
     g = torch.Generator().manual_seed(7 + int(masked))
     logits = (torch.randn(rows, vocab, generator=g) * 2).to(DEVICE)
     words = torch.randint(-2**31, 2**31 - 1, (rows, -(-vocab // 32)), generator=g, dtype=torch.int32).to(DEVICE)
     temperature = torch.tensor([0.8, 1.0, 1.5, 0.7, 1.2, 1.0, 0.0, 2.0, 1.0], dtype=torch.float64, device=DEVICE)
-    params = SimpleNamespace(
-        top_k=torch.tensor([0, 5, 0, 0, 50, 1, 5, 0, 0], device=DEVICE),
-        top_p=torch.tensor([1.0, 1.0, 0.5, 1.0, 0.9, 1.0, 1.0, 0.99, 0.3], dtype=torch.float64, device=DEVICE),
-        min_p=torch.tensor([0.0, 0.0, 0.0, 0.1, 0.05, 0.0, 0.0, 0.0, 0.2], dtype=torch.float64, device=DEVICE))
-    ref = apply_bitmask(logits, words) if masked else logits
+    filters = (torch.tensor([0, 5, 0, 0, 50, 1, 5, 0, 0], device=DEVICE),
+               torch.tensor([1.0, 1.0, 0.5, 1.0, 0.9, 1.0, 1.0, 0.99, 0.3], dtype=torch.float64, device=DEVICE),
+               torch.tensor([0.0, 0.0, 0.0, 0.1, 0.05, 0.0, 0.0, 0.0, 0.2], dtype=torch.float64, device=DEVICE))
+    mask = words if masked else None
     for trial in range(3):
         seeds = torch.randint(0, 2**63 - 1, (rows,), generator=g).to(DEVICE)
         token_index = torch.arange(rows, device=DEVICE) + trial
-        scaled = apply_filters(ref / temperature.float().clamp_min(1e-6)[:, None], params)
-        noisy = scaled + gumbel_noise(seeds, token_index, vocab)
-        want = torch.where(temperature > 0, noisy.argmax(-1), ref.argmax(-1))
+        want = sample_reference(logits, mask, temperature, seeds, token_index, filters)
         out = torch.full((rows,), -1, dtype=torch.int64, device=DEVICE)
-        fused_sample(logits, words if masked else None, temperature, seeds, token_index, out=out,
-                     filters=(params.top_k, params.top_p, params.min_p))
+        fused_sample(logits, mask, temperature, seeds, token_index, out=out, filters=filters)
         assert out.tolist() == want.tolist()
 
 

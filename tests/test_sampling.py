@@ -50,7 +50,8 @@ def reference_keep(scores: np.ndarray, top_k: int, top_p: float, min_p: float) -
 def test_filters_keep_the_reference_set(top_k, top_p, min_p):
     torch.manual_seed(top_k)
     scaled = torch.randn(6, 40) * 2
-    out = apply_filters(scaled, inputs(6, top_k=top_k, top_p=top_p, min_p=min_p))
+    p = inputs(6, top_k=top_k, top_p=top_p, min_p=min_p)
+    out = apply_filters(scaled, p.top_k, p.top_p, p.min_p)
     for r in range(6):
         kept = set(torch.isfinite(out[r]).nonzero().flatten().tolist())
         assert kept == reference_keep(scaled[r].double().numpy(), top_k, top_p, min_p)

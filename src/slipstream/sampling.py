@@ -189,16 +189,35 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: tor
     return logits - p.presence_penalty.to(logits.dtype)[:, None] * (counts > 0)
 
 
-def apply_filters(scaled: torch.Tensor, p: SamplerInputs) -> torch.Tensor:
-    """top-k, top-p and min-p on tempered logits; the most likely token always survives."""
+def apply_filters(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+                  ) -> torch.Tensor:
+    """Per-row top-k, top-p and min-p on tempered logits; the most likely token always survives."""
     vals, idx = scaled.sort(dim=-1, descending=True)
     probs = vals.softmax(dim=-1)
     rank = torch.arange(vals.shape[-1], device=vals.device)[None, :]
-    remove = (p.top_k[:, None] > 0) & (rank >= p.top_k[:, None])
-    remove |= (probs.cumsum(dim=-1) - probs) > p.top_p.to(probs.dtype)[:, None]
-    remove |= probs < p.min_p.to(probs.dtype)[:, None] * probs[:, :1]
+    remove = (top_k[:, None] > 0) & (rank >= top_k[:, None])
+    remove |= (probs.cumsum(dim=-1) - probs) > top_p.to(probs.dtype)[:, None]
+    remove |= probs < min_p.to(probs.dtype)[:, None] * probs[:, :1]
     remove[:, 0] = False
     return torch.empty_like(scaled).scatter_(-1, idx, vals.masked_fill(remove, float("-inf")))
+
+
+def sample_reference(logits: torch.Tensor, mask_words: torch.Tensor | None, temperature: torch.Tensor,
+                     seeds: torch.Tensor | None, token_index: torch.Tensor | None = None,
+                     filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """kernels.sample.fused_sample's contract in torch (its reference): the bitmask applied, then
+    argmax where temperature is 0 (every row when `seeds` is None), else argmax(filtered logits / T
+    + Gumbel noise keyed by (seed, token index, vocab id)); `filters` = per-row (top_k, top_p, min_p)."""
+    if mask_words is not None:
+        logits = apply_bitmask(logits, mask_words)
+    greedy = logits.argmax(dim=-1)
+    if seeds is None:
+        return greedy
+    scaled = logits / temperature.to(torch.float32).clamp_min(1e-6)[:, None]
+    if filters is not None:
+        scaled = apply_filters(scaled, *filters)
+    noisy = (scaled + gumbel_noise(seeds, token_index, logits.shape[-1])).argmax(dim=-1)
+    return torch.where(temperature > 0, noisy, greedy)
 
 
 def sample(logits: torch.Tensor, p: SamplerInputs, mask_words: torch.Tensor | None,
@@ -210,21 +229,13 @@ def sample(logits: torch.Tensor, p: SamplerInputs, mask_words: torch.Tensor | No
     logits = logits.float()
     if p.any_penalty:
         logits = apply_penalties(logits, counts, prompt_mask, p)
+    seeds = p.seeds if p.any_random else None
+    filters = (p.top_k, p.top_p, p.min_p) if p.any_filter else None
     if triton_rows(logits):
         from .kernels.sample import fused_sample
 
-        return fused_sample(logits, mask_words, p.temperature, p.seeds if p.any_random else None, p.token_index,
-                            filters=(p.top_k, p.top_p, p.min_p) if p.any_filter else None)
-    if mask_words is not None:
-        logits = apply_bitmask(logits, mask_words)
-    greedy = logits.argmax(dim=-1)
-    if not p.any_random:
-        return greedy
-    scaled = logits / p.temperature.to(torch.float32).clamp_min(1e-6)[:, None]
-    if p.any_filter:
-        scaled = apply_filters(scaled, p)
-    noisy = (scaled + gumbel_noise(p.seeds, p.token_index, logits.shape[-1])).argmax(dim=-1)
-    return torch.where(p.temperature > 0, noisy, greedy)
+        return fused_sample(logits, mask_words, p.temperature, seeds, p.token_index, filters=filters)
+    return sample_reference(logits, mask_words, p.temperature, seeds, p.token_index, filters)
 
 
 def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, n: int) -> torch.Tensor:

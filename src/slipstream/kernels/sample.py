@@ -234,7 +234,8 @@ def fused_sample(logits: torch.Tensor, mask_words: torch.Tensor | None, temperat
     bitmask (None: all allowed); `temperature` [rows] (0: greedy); `seeds` and `token_index`
     [rows] int64 key the noise, None when every row is greedy. Rows with a temperature draw
     argmax(logits / T + Gumbel noise), the others argmax(logits). `filters`: per-row top-k,
-    top-p and min-p (as sampling.apply_filters; they need seeds), applied to the tempered rows."""
+    top-p and min-p (as sampling.apply_filters; they need seeds), applied to the tempered rows.
+    Its torch reference, with the same contract, is sampling.sample_reference."""
     rows, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(-1) == 1
     out = torch.empty(rows, dtype=torch.int64, device=logits.device) if out is None else out
