@@ -28,12 +28,13 @@ def dense_reference(q, k_pages, v_pages, page_table, context_lens, scale):
     return out
 
 
-def random_case(b, h, kvh, d, page, dtype, seed):
+def random_case(b, h, kvh, d, page, dtype, seed, ctx=None):
+    """Rows with random (or the given) context lengths, each over its own pages in random order."""
     g = torch.Generator().manual_seed(seed)
-    num_pages = 64
-    ctx = torch.randint(1, 200, (b,), generator=g)
+    ctx = torch.randint(1, 200, (b,), generator=g) if ctx is None else torch.tensor(ctx)
     width = math.ceil(int(ctx.max()) / page)
-    table = torch.stack([torch.randperm(num_pages - 1, generator=g)[:width] + 1 for _ in range(b)])
+    num_pages = b * width + 1  # (page 0 unused, as the engine keeps it for scratch)
+    table = (torch.randperm(b * width, generator=g) + 1).view(b, width)
     def mk(*shape):
         return torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
 
@@ -68,10 +69,15 @@ def test_reference_decode_attention_matches_dense(page):
     assert (out.double().cpu() - ref).norm() / ref.norm() < 1e-5
 
 
-@pytest.mark.parametrize("b,h,kvh,d,rot", [(3, 4, 4, 64, 32), (2, 14, 2, 64, 64), (2, 8, 2, 64, 32), (1, 4, 1, 128, 128)])
+BLOCK_EDGES = [1, 2, 16, 17, 64, 65, 128, 129]  # contexts at page and 64-token block boundaries
+
+
+@pytest.mark.parametrize("b,h,kvh,d,rot,ctx", [(3, 4, 4, 64, 32, None), (2, 14, 2, 64, 64, None),
+                                               (2, 8, 2, 64, 32, None), (1, 4, 1, 128, 128, None),
+                                               (8, 8, 2, 64, 32, BLOCK_EDGES), (8, 4, 4, 64, 64, BLOCK_EDGES)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("blocks_per_split", [8, 1])
-def test_paged_decode_with_the_new_token_is_rotary_then_write_then_attention(b, h, kvh, d, rot, dtype,
+def test_paged_decode_with_the_new_token_is_rotary_then_write_then_attention(b, h, kvh, d, rot, ctx, dtype,
                                                                               blocks_per_split):
     """The decode step's fused form: q and the step's k rotated (over `rot` features, by the rotary
     tables' entries at the row's position, rounded to the dtype as the torch path rounds its rows), k
@@ -81,7 +87,7 @@ def test_paged_decode_with_the_new_token_is_rotary_then_write_then_attention(b, 
     from slipstream.kernels.attention import apply_rotary, write_kv
     from slipstream.kernels.paged_decode import paged_decode_attention
 
-    q, kp, vp, table, ctx, scale = random_case(b, h, kvh, d, 16, dtype, seed=rot)
+    q, kp, vp, table, ctx, scale = random_case(b, h, kvh, d, 16, dtype, seed=rot, ctx=ctx)
     g = torch.Generator().manual_seed(d + h)
     kv = torch.randn(b, 2 * kvh + 1, d, generator=g).to(dtype).to(DEVICE)
     k, v = kv[:, 1:1 + kvh], kv[:, 1 + kvh:]  # strided views, as the models pass them
@@ -100,7 +106,8 @@ def test_paged_decode_with_the_new_token_is_rotary_then_write_then_attention(b, 
     out = torch.full_like(q, float("nan"))
     paged_decode_attention(q, kp, vp, table, ctx, scale, out=out, new_token=(k, v, cos_table, sin_table, slots),
                            blocks_per_split=blocks_per_split)
-    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    # bf16: 1.5%, as the interpreter truncates the rotated q and k where the GPU (and the reference) rounds
+    tol = 1e-5 if dtype == torch.float32 else 1.5e-2
     for got, want in ((kp, ref_kp), (vp, ref_vp)):
         assert ((got.double() - want.double()).norm() / want.double().norm()) < tol
     q_rot = apply_rotary(q.double(), cos.double(), sin.double()).to(dtype)
