@@ -11,7 +11,7 @@ export PYTHONPATH=src SLIPSTREAM_CACHE=/tmp/slipstream-cache PYTHONUNBUFFERED=1
 R=${OUT:-results}/r
 mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$R/gpu.txt"
-timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py tests/test_models.py 2>&1 | tail -3 | tee "$R/gpu_tests.txt"
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py tests/test_models.py 2>&1 | tail -3 | tee "$R/gpu_tests.txt"
 (cd "$R" && OUT=. timeout 100 python3 "$OLDPWD/.anchors/graph_floor.py") 2>&1 | tail -9 | tee "$R/graph_floor.txt"
 for m in phi-1.5 qwen2.5-0.5b; do
   timeout 130 python3 -m slipstream bench --model random:$m --streams 1,8,32,64 --prompt-tokens 64 --max-tokens 128 \
