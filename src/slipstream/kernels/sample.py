@@ -66,6 +66,21 @@ def _masked_logits(logits_ptr, mask_ptr, row, v, V, stride_l, stride_m, HAS_MASK
 
 
 @triton.jit
+def _shift(m):
+    """The exponent shift for a softmax sum whose largest term is m: m, or 0 while nothing is finite,
+    so that an empty sum stays 0 instead of NaN."""
+    return tl.where(m > float("-inf"), m, 0.0)
+
+
+@triton.jit
+def _merge_softmax(max_a, sum_a, max_b, sum_b):
+    """Two (max, sum of exp(x - max)) pairs of an online softmax as one."""
+    new_max = tl.maximum(max_a, max_b)
+    shift = _shift(new_max)
+    return new_max, sum_a * tl.exp(max_a - shift) + sum_b * tl.exp(max_b - shift)
+
+
+@triton.jit
 def _sample_kernel(logits_ptr, mask_ptr, temperature_ptr, seeds_ptr, token_index_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
                    part_ptr, block_max_ptr, order_ptr, arrivals_ptr, out_ptr, V, stride_l, stride_m,
                    HAS_MASK: tl.constexpr, RANDOM: tl.constexpr, FILTERS: tl.constexpr, CHUNK: tl.constexpr,
@@ -98,10 +113,7 @@ def _sample_kernel(logits_ptr, mask_ptr, temperature_ptr, seeds_ptr, token_index
             if FILTERS:
                 tl.store(block_max_ptr + (row * n_chunks + chunk) * (CHUNK // BLOCK) + start // BLOCK,
                          tl.max(scaled, axis=0))
-                new_max = tl.maximum(lane_max, scaled)
-                shift = tl.where(new_max > float("-inf"), new_max, 0.0)  # (a lane with nothing yet sums 0, not NaN)
-                lane_sum = lane_sum * tl.exp(lane_max - shift) + tl.exp(scaled - shift)
-                lane_max = new_max
+                lane_max, lane_sum = _merge_softmax(lane_max, lane_sum, scaled, 1.0)
     g_val, g_idx = _best(best_g, best_gi)
     n_val, n_idx = _best(best_n, best_ni)
     part = part_ptr + (row * n_chunks + chunk) * 6
@@ -112,8 +124,7 @@ def _sample_kernel(logits_ptr, mask_ptr, temperature_ptr, seeds_ptr, token_index
     if FILTERS:
         chunk_max = tl.max(lane_max, axis=0)
         tl.store(part + 4, chunk_max)
-        tl.store(part + 5, tl.sum(lane_sum * tl.exp(lane_max - tl.where(chunk_max > float("-inf"), chunk_max, 0.0)),
-                                  axis=0))
+        tl.store(part + 5, tl.sum(lane_sum * tl.exp(lane_max - _shift(chunk_max)), axis=0))
     tl.debug_barrier()  # the partial is written before the arrival is counted
     if tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel") == n_chunks - 1:
         first = part_ptr + row * n_chunks * 6
@@ -130,10 +141,7 @@ def _sample_kernel(logits_ptr, mask_ptr, temperature_ptr, seeds_ptr, token_index
             top_n = tl.maximum(val, top_n)
             if FILTERS:
                 c_max, c_sum = tl.load(p + 4, cache_modifier=".cg"), tl.load(p + 5, cache_modifier=".cg")
-                new_top = tl.maximum(top, c_max)
-                top_shift = tl.where(new_top > float("-inf"), new_top, 0.0)
-                total = total * tl.exp(top - top_shift) + c_sum * tl.exp(c_max - top_shift)
-                top = new_top
+                top, total = _merge_softmax(top, total, c_max, c_sum)
         if RANDOM:
             draw = top_ni.to(tl.int32)
             if FILTERS:
