@@ -38,3 +38,26 @@ def test_errors_are_messages(tmp_path, capsys):
     main(["make-random", "--preset", "tiny-llama", "--out", str(ckpt)])
     assert main(["bench", "--model", str(ckpt), "--device", "cpu", "--streams", "1", "--profile"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_bench_traffic_workloads_write_json_and_a_plot(tmp_path, capsys):
+    ckpt = tmp_path / "tiny"
+    main(["make-random", "--preset", "tiny-llama", "--out", str(ckpt)])
+    out = tmp_path / "mixed.json"
+    base = ["bench", "--model", str(ckpt), "--device", "cpu", "--max-num-seqs", "8", "--max-prefill-tokens", "32"]
+    assert main(base + ["--workload", "mixed", "--requests", "12", "--prompt-range", "5,60", "--output-range", "2,6",
+                        "--request-rate", "inf,50%", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [(r["mode"], r["rate"] == float("inf")) for r in results] == [
+        ("pipelined", True), ("pipelined", False), ("blocking", True), ("blocking", False)]
+    for r in results:
+        assert r["requests"] == 12 and 24 <= r["output_tokens"] <= 72 and 60 <= r["prompt_tokens"] <= 720
+        assert 0 < r["ttft_ms_p50"] <= r["ttft_ms_p99"] <= r["e2e_ms_p99"] and r["itl_ms_p50"] > 0
+    assert results[1]["rate"] == results[0]["requests_s"] / 2  # 50% of the capacity measured all at once
+    assert out.with_suffix(".png").exists() and "TTFT p50/p99" in capsys.readouterr().out
+    assert main(base + ["--workload", "ttft", "--ttft-lengths", "8,40", "--mode", "blocking", "--out", str(out)]) == 0
+    assert [r["workload"] for r in json.loads(out.read_text())["results"]] == ["ttft 8", "ttft 40"]
+    assert main(base + ["--workload", "mixed", "--request-rate", "fast"]) == 2
+    assert "--request-rate takes numbers" in capsys.readouterr().err
+    assert main(base + ["--workload", "mixed", "--prompt-range", "9,3"]) == 2
+    assert "--prompt-range takes two lengths" in capsys.readouterr().err

@@ -288,10 +288,79 @@ def test_shutdown_fails_pending_requests_instead_of_hanging(tiny_llama):
         llm.submit([1])
 
 
-def test_prefill_budget_defaults_to_the_model_length(tiny_llama):
-    with make_llm(tiny_llama, max_model_len=128, num_pages=96) as llm:
+def staggered(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], first: int = 2) -> list:
+    """Submit the first `first` prompts, then each next one when an earlier request commits a token."""
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def next_arrives(rid, n, delta):
+        with lock:
+            if len(ids) < len(prompts) and n == 2:
+                i = len(ids)
+                ids.append(llm.submit(prompts[i], params[i], on_token=next_arrives))
+
+    with lock:
+        for i in range(first):
+            ids.append(llm.submit(prompts[i], params[i], on_token=next_arrives))
+    outs, i = [], 0
+    while i < len(prompts):
+        if i < len(ids):
+            outs.append(llm.result(ids[i]))
+            i += 1
+        else:  # every request so far ended before its second token: submit the next one now
+            with lock:
+                ids.append(llm.submit(prompts[len(ids)], params[len(ids)], on_token=next_arrives))
+    return outs
+
+
+CHUNKED_LENS = [240, 3, 97, 24, 25, 150, 1, 48, 61, 33]  # up to ten budgets of 24 tokens; pages of 4
+
+
+def test_chunked_prefill_matches_transformers_with_staggered_arrivals(tiny_llama):
+    """Prompts up to ten times the step budget, prefilled in chunks beside other requests' decode
+    rows (chunk edges on and off page boundaries), arriving while others prefill and decode, more
+    requests than max_num_seqs: greedy equals transformers, and every page comes back."""
+    rng = random.Random(8)
+    prompts = [[rng.randrange(tiny_llama.vocab_size) for _ in range(n)] for n in CHUNKED_LENS]
+    params = [SamplingParams(max_tokens=rng.randint(2, 10)) for _ in prompts]
+    with make_llm(tiny_llama, max_num_seqs=3, max_prefill_tokens=24, num_pages=400) as llm:
+        outs = staggered(llm, prompts, params)
+        stats = settled_stats(llm)
+        assert stats["kv_pages_free"] == stats["kv_pages_total"]
+        assert stats["prefill_steps"] >= sum(CHUNKED_LENS) // 24
+    full = sum(tie_aware_equal(tiny_llama.hf, p, o.token_ids,
+                               hf_greedy(tiny_llama.hf, p, sp.max_tokens, tiny_llama.eos_id))
+               for p, o, sp in zip(prompts, outs, params))
+    assert full >= len(prompts) - 1, f"only {full} of {len(prompts)} sequences compared in full"
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_chunked_pipelined_equals_blocking_under_random_workload(tiny_llama, seed):
+    """The randomized workload (aborts, EOS zombies, sampled rows, arrivals tied to token indices)
+    with long prompts under a 24-token budget."""
+    reqs = random_workload(seed, tiny_llama.vocab_size, tiny_llama.eos_id)
+    rng = random.Random(seed)
+    for r in reqs[::2]:
+        r.prompt = [rng.randrange(tiny_llama.vocab_size) for _ in range(rng.choice([30, 64, 130, 240]))]
+    assert_modes_agree(tiny_llama, reqs, lambda mode: make_llm(tiny_llama, mode, max_num_seqs=3, num_pages=400,
+                                                              max_prefill_tokens=24))
+
+
+def test_seeded_sampling_is_the_same_whatever_the_chunking(tiny_llama):
+    rng = random.Random(6)
+    prompts = [[rng.randrange(tiny_llama.vocab_size) for _ in range(n)] for n in (70, 5, 130)]
+    params = [SamplingParams(max_tokens=8, temperature=0.8, top_p=0.95, seed=i) for i in range(3)]
+    outs = {}
+    for budget in (24, 400):
+        with make_llm(tiny_llama, num_pages=400, max_prefill_tokens=budget) as llm:
+            outs[budget] = llm.generate(prompts, params)
+    for p, sp, a, b in zip(prompts, params, outs[24], outs[400]):
+        assert tie_aware_equal(tiny_llama.hf, p, a.token_ids, b.token_ids, sp.temperature, sp.seed)
+
+
+def test_a_prompt_longer_than_the_budget_is_accepted_and_the_budget_must_hold_every_row(tiny_llama):
+    with make_llm(tiny_llama, max_model_len=128, max_prefill_tokens=16) as llm:
         out = llm.generate([[3] * 120], SamplingParams(max_tokens=4))[0]  # one prompt of most of the context
         assert len(out.token_ids) == 4
-    with make_llm(tiny_llama, max_model_len=128, max_prefill_tokens=64) as llm:
-        with pytest.raises(ValueError, match="more than max_prefill_tokens \\(64\\)"):
-            llm.submit([3] * 100)
+    with pytest.raises(ValueError, match="max_prefill_tokens .* must be >= max_num_seqs \\(4\\)"):
+        make_llm(tiny_llama, max_prefill_tokens=3)

@@ -2,14 +2,15 @@
 the Triton decode kernel) gives the transformers answer in both modes, and its steady-state loop
 is free of synchronization (sync-debug mode, pinned buffers, flat allocator counters)."""
 import importlib.util
+import random
 
 import pytest
 import torch
 
-from conftest import tie_aware_equal
+from conftest import settled_stats, tie_aware_equal
 from constraints import ForceAt, Successor
 from slipstream import LLM, SamplingParams
-from test_engine import assert_modes_agree, hf_greedy, random_workload
+from test_engine import CHUNKED_LENS, assert_modes_agree, hf_greedy, random_workload, staggered
 
 pytestmark = pytest.mark.gpu
 
@@ -33,17 +34,34 @@ def test_cuda_engine_matches_transformers(tiny_llama, mode, graphs):
         assert tie_aware_equal(tiny_llama.hf, p, o.token_ids, hf_greedy(tiny_llama.hf, p, 12, tiny_llama.eos_id))
 
 
+@pytest.mark.parametrize("graphs", [True, False])
+def test_cuda_chunked_prefill_matches_transformers(tiny_llama, graphs):
+    """Long prompts prefilled in chunks of a 32-token budget beside decode rows, staggered arrivals,
+    more requests than rows: the packed kernels (and their graphs per token bucket) give the
+    transformers answer, and every page comes back."""
+    rng = random.Random(8)
+    prompts = [[rng.randrange(tiny_llama.vocab_size) for _ in range(n)] for n in CHUNKED_LENS]
+    params = [SamplingParams(max_tokens=rng.randint(2, 10)) for _ in prompts]
+    with cuda_llm(tiny_llama, max_num_seqs=3, max_prefill_tokens=32, cuda_graphs=graphs) as llm:
+        outs = staggered(llm, prompts, params)
+        stats = settled_stats(llm)
+        assert stats["kv_pages_free"] == stats["kv_pages_total"]
+    for p, o, sp in zip(prompts, outs, params):
+        assert tie_aware_equal(tiny_llama.hf, p, o.token_ids, hf_greedy(tiny_llama.hf, p, sp.max_tokens,
+                                                                          tiny_llama.eos_id))
+
+
 def test_cuda_pipelined_equals_blocking(tiny_llama):
     reqs = random_workload(5, tiny_llama.vocab_size, tiny_llama.eos_id)
     assert_modes_agree(tiny_llama, reqs, lambda mode: cuda_llm(tiny_llama, mode, max_num_seqs=3))
 
 
 def test_steady_state_loop_never_synchronizes(tiny_llama):
-    """Decode, prefill, admissions, zombies, constrained and sampled rows, all under
+    """Decode, chunked prefill beside decode rows, admissions, zombies, constrained and sampled rows, all under
     set_sync_debug_mode('error'): any synchronizing call in the loop kills it and fails the requests.
     Over a stretch of pure decode steps the allocator reserves no new memory."""
     v, eos = tiny_llama.vocab_size, tiny_llama.eos_id
-    with cuda_llm(tiny_llama, max_num_seqs=8) as llm:
+    with cuda_llm(tiny_llama, max_num_seqs=8, max_prefill_tokens=16) as llm:
         llm.generate([[1, 2], [3]], SamplingParams(max_tokens=4))  # warm-up outside the check
         snapshots = {}
 
@@ -60,7 +78,8 @@ def test_steady_state_loop_never_synchronizes(tiny_llama):
                      SamplingParams(max_tokens=30, repetition_penalty=1.2, stop=["zz"])]
             if importlib.util.find_spec("xgrammar") is not None:  # the H200 runs carry its wheels
                 mixed.append(SamplingParams(max_tokens=30, json_schema={"type": "array", "items": {"type": "integer"}}))
-            outs = llm.generate([[i + 1, i + 2] for i in range(3 * len(mixed))], mixed * 3)
+            prompts = [[i + 1, i + 2] * (20 if i % 4 == 0 else 1) for i in range(3 * len(mixed))]  # chunked: 40 > 16
+            outs = llm.generate(prompts, mixed * 3)
             long = llm.submit([7, 7], SamplingParams(max_tokens=160, ignore_eos=True), on_token=watch)
             others = [llm.submit([8], SamplingParams(max_tokens=160, ignore_eos=True)) for _ in range(3)]
             assert len(llm.result(long).token_ids) == 160

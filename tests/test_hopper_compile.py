@@ -20,7 +20,8 @@ def test_every_kernel_compiles_for_sm90():
     run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     compiled = run.stdout.split()
-    for kernel in ("_skinny_linear_kernel", "_paged_decode_kernel", "_norm_kernel", "_sample_kernel"):
+    for kernel in ("_skinny_linear_kernel", "_paged_decode_kernel", "_norm_kernel", "_sample_kernel", "_store_kv_kernel",
+                   "_packed_attention_kernel"):
         assert kernel in compiled, compiled
 
 
@@ -54,7 +55,7 @@ def _compile_instead_of_launching() -> None:
 
 
 def main() -> None:
-    """The launches of a Qwen-shaped and a Phi-shaped decode step, bf16, on CPU tensors."""
+    """The launches of a Qwen-shaped and a Phi-shaped decode step and prefill step, bf16, on CPU tensors."""
     _compile_instead_of_launching()
     import torch
 
@@ -62,6 +63,7 @@ def main() -> None:
     from slipstream.kernels import paged_decode
     from slipstream.kernels.linear import PendingSum
     from slipstream.kernels.norm import add_rms_norm, layer_norm, rms_norm
+    from slipstream.kernels.packed_attention import packed_attention, store_kv
     from slipstream.kernels.sample import fused_sample
     from slipstream.kernels.skinny_gemm import Config, skinny_linear
 
@@ -94,6 +96,14 @@ def main() -> None:
     mha_pages = mk(300, 16, 32, 64), mk(300, 16, 32, 64)
     paged_decode.paged_decode_attention(mk(32, 32, 64), *mha_pages, table, lens, 0.125,
                                         new_token=(mk(32, 32, 64), mk(32, 32, 64), cos[..., :32], sin[..., :32], slots))
+    tokens, programs = torch.arange(512), torch.zeros(2, 600, dtype=torch.int64)
+    qkv = mk(512, 18, 64)  # a Qwen prefill step's projected q/k/v: strided views
+    store_kv(qkv[:, 14:16], qkv[:, 16:], cos, sin, tokens, tokens, *pages)
+    packed_attention(qkv[:, :14], *pages, table, lens, torch.arange(33), programs, 0.125, cos, sin)  # GQA
+    mha = mk(512, 96, 64)
+    store_kv(mha[:, 32:64], mha[:, 64:], cos[..., :32], sin[..., :32], tokens, tokens, *mha_pages)
+    packed_attention(mha[:, :32], *mha_pages, table, lens, torch.arange(33), programs, 0.125, cos[..., :32],
+                     sin[..., :32], out=mk(512, 32, 64))
     logits, words = mk(32, 151936, dtype=torch.float32), mk(32, 4748, dtype=torch.int32)
     temperature, seeds = mk(32, dtype=torch.float64), torch.arange(32)
     fused_sample(logits, None, temperature, None)

@@ -317,3 +317,97 @@ def test_fused_sample_breaks_ties_and_empty_masks_like_torch_argmax():
     words[2] = 0
     tokens = fused_sample(logits, words, torch.zeros(3, device=DEVICE), None)
     assert tokens.tolist() == [3, CHUNK, 0] == logits.masked_fill(words[:, :1] == 0, float("-inf")).argmax(-1).tolist()
+
+
+def packed_case(chunks, h, kvh, d, page, dtype, seed, rot):
+    """Sequences with (chunk tokens, context) each, their pages scattered; the chunk's K/V not yet
+    stored (returned beside the pages with each token's slot and position)."""
+    g = torch.Generator().manual_seed(seed)
+    widths = [math.ceil(ctx / page) for _, ctx in chunks]
+    order = (torch.randperm(sum(widths), generator=g) + 1).tolist()
+    table = torch.zeros(len(chunks), max(widths), dtype=torch.int64)
+    for s, w in enumerate(widths):
+        table[s, :w] = torch.tensor(order[:w])
+        del order[:w]
+    tokens = sum(n for n, _ in chunks)
+
+    def mk(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    kp, vp = mk(sum(widths) + 1, page, kvh, d), mk(sum(widths) + 1, page, kvh, d)
+    positions = torch.tensor([p for n, ctx in chunks for p in range(ctx - n, ctx)])
+    seq_of = torch.tensor([s for s, (n, _) in enumerate(chunks) for _ in range(n)])
+    slots = table[seq_of, positions // page] * page + positions % page
+    angles = torch.rand(1100, rot // 2, generator=g) * 6
+    cos_table = torch.cat([angles.cos()] * 2, -1).to(dtype).float()  # values exact in dtype (see above)
+    sin_table = torch.cat([angles.sin()] * 2, -1).to(dtype).float()
+    query_start = torch.tensor([0] + [n for n, _ in chunks]).cumsum(0)
+    return dict(q=mk(tokens, h, d), k=mk(tokens, kvh, d), v=mk(tokens, kvh, d), kp=kp, vp=vp, table=table,
+                positions=positions, slots=slots, cos=cos_table, sin=sin_table, query_start=query_start,
+                ctx=torch.tensor([ctx for _, ctx in chunks]))
+
+
+# (chunk tokens, context): whole prompts, later chunks of a prompt on and off page and block edges,
+# decode rows (chunks of one token), and chunks longer than a program's block of tokens
+PACKED_CHUNKS = [[(5, 5), (1, 40), (17, 17), (16, 48), (1, 1), (70, 135)],
+                 [(64, 64), (33, 97), (1, 129), (9, 200)]]
+
+
+@pytest.mark.parametrize("h,kvh,d,rot", [(4, 4, 64, 32), (14, 2, 64, 64), (8, 2, 32, 32), (4, 1, 128, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunks", PACKED_CHUNKS)
+@pytest.mark.parametrize("padding", [0, 11])
+def test_packed_attention_is_rotary_then_write_then_causal_attention_over_the_pages(h, kvh, d, rot, dtype, chunks,
+                                                                                     padding):
+    """store_kv then packed_attention against the torch path (rotary, write_kv, the reference over
+    the pages) and float64 dense attention; the chunk's slots are poisoned first, so attention that
+    reads a key before store_kv wrote it shows. Padding tokens after the last chunk get zeros."""
+    from slipstream.kernels.attention import (apply_rotary, num_programs, packed_attention_reference, plan_programs,
+                                              tokens_per_program, write_kv)
+    from slipstream.kernels.packed_attention import packed_attention, store_kv
+
+    c = packed_case(chunks, h, kvh, d, 16, dtype, seed=h + d, rot=rot)
+    pad = lambda x: torch.cat([x, x[:1].expand(padding, *x.shape[1:])]) if padding else x
+    q, k, v = (pad(c[n]).to(DEVICE) for n in "qkv")
+    positions, slots = pad(c["positions"]).to(DEVICE), pad(c["slots"]).to(DEVICE)
+    kp, vp = c["kp"].clone().to(DEVICE), c["vp"].clone().to(DEVICE)
+    for pages in (kp, vp):
+        pages.view(-1, kvh, d)[slots] = float("nan")
+    cos, sin = c["cos"].to(DEVICE), c["sin"].to(DEVICE)
+    lens = torch.tensor([n for n, _ in chunks])
+    bq = tokens_per_program(h // kvh)
+    plan = torch.zeros(2, num_programs(q.shape[0], len(chunks), bq), dtype=torch.int64)
+    plan_programs(lens.numpy(), bq, q.shape[0], plan.numpy())
+    out = torch.full_like(q, float("nan"))
+    store_kv(k, v, cos, sin, positions, slots, kp, vp)
+    packed_attention(q, kp, vp, c["table"].to(DEVICE), c["ctx"].to(DEVICE), c["query_start"].to(DEVICE),
+                        plan.to(DEVICE), d ** -0.5, cos, sin, out)
+
+    real = len(c["positions"])
+    ref_kp, ref_vp = c["kp"].clone(), c["vp"].clone()
+    cos_r, sin_r = (t[c["positions"]][:, None, :].to(dtype).double() for t in (c["cos"], c["sin"]))
+    write_kv(ref_kp, ref_vp, apply_rotary(c["k"].double(), cos_r, sin_r).to(dtype), c["v"], c["slots"])
+    tol = 1e-5 if dtype == torch.float32 else 1.5e-2
+    for got, want in ((kp, ref_kp), (vp, ref_vp)):
+        assert ((got.double().cpu() - want.double()).norm() / want.double().norm()) < tol
+    q_rot = apply_rotary(c["q"].double(), cos_r, sin_r).to(dtype)
+    host_lens = [(n, ctx) for n, ctx in chunks]
+    ref = packed_attention_reference(q_rot.double(), ref_kp.double(), ref_vp.double(), c["table"], host_lens,
+                                     d ** -0.5)
+    got = out[:real].double().cpu()
+    assert torch.isfinite(got).all()
+    assert (got - ref).norm() / ref.norm() < (1e-5 if dtype == torch.float32 else 2e-2)
+    assert (out[real:] == 0).all()
+
+
+def test_reference_packed_attention_is_each_token_attending_up_to_its_position():
+    """The torch path against float64 dense attention, one query token at a time (its context ends
+    at its own position)."""
+    from slipstream.kernels.attention import packed_attention_reference
+
+    chunks = PACKED_CHUNKS[0]
+    c = packed_case(chunks, 8, 2, 32, 16, torch.float32, seed=5, rot=32)
+    out = packed_attention_reference(c["q"], c["kp"], c["vp"], c["table"], chunks, 0.2)
+    seq_of = torch.tensor([s for s, (n, _) in enumerate(chunks) for _ in range(n)])
+    ref = dense_reference(c["q"], c["kp"], c["vp"], c["table"][seq_of], c["positions"] + 1, 0.2)
+    assert (out.double() - ref).norm() / ref.norm() < 1e-5

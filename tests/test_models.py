@@ -1,19 +1,35 @@
 """Each model family over the paged cache computes what transformers computes: prefill logits of
-packed prompts and the logits of every decode step (Llama MHA/GQA/MQA, tied and untied, llama3
+packed prompts, of prompts prefilled chunk by chunk beside decode rows, and the logits of every
+decode step (Llama MHA/GQA/MQA, tied and untied, llama3
 rope; Qwen2 with q/k/v bias; Qwen3 with q/k norm; Phi with partial rotary and parallel blocks)."""
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import build_tiny, hf_logits
 from slipstream.kv_cache import KVCache
-from slipstream.kernels.attention import AttentionInputs
+from slipstream.kernels.attention import AttentionInputs, num_programs, plan_programs, tokens_per_program
 from slipstream.models.loader import build_model, load_checkpoint
 
 
 def _slots(pages: list[int], positions: range, page: int) -> list[int]:
     return [pages[p // page] * page + p % page for p in positions]
+
+
+def packed_inputs(seqs: list[dict], spans: list[tuple[int, int]], page: int, slots: torch.Tensor, cfg,
+                  dev: torch.device) -> AttentionInputs:
+    """A packed step's attention inputs: sequence i's tokens [start, start + n) for spans[i]."""
+    lens = np.array([n for _, n in spans])
+    width = max(-(-(a + n) // page) for a, n in spans)
+    table = torch.tensor([(s["pages"] + [0] * width)[:width] for s in seqs], device=dev)
+    per_program = tokens_per_program(cfg.num_heads // cfg.num_kv_heads)
+    programs = np.zeros((2, num_programs(int(lens.sum()), len(spans), per_program)), np.int64)
+    plan_programs(lens, per_program, int(lens.sum()), programs)
+    return AttentionInputs(slots, table, torch.tensor([a + n for a, n in spans], device=dev),
+                           torch.tensor(np.concatenate([[0], np.cumsum(lens)]), device=dev),
+                           torch.tensor(programs, device=dev), [(n, a + n) for a, n in spans])
 
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -54,7 +70,7 @@ def test_prefill_and_decode_logits_match_transformers(tmp_path, tiny_tokenizer, 
     pos = on_dev([p for n in lens for p in range(n)])
     slots = on_dev([x for s, n in zip(seqs, lens) for x in _slots(s["pages"], range(n), page)])
     last = on_dev(lens).cumsum(0) - 1
-    logits = model(ids, pos, AttentionInputs(True, slots, seq_lens=lens), kv, last).cpu()
+    logits = model(ids, pos, packed_inputs(seqs, [(0, n) for n in lens], page, slots, cfg, dev), kv, last).cpu()
     for i, s in enumerate(seqs):
         torch.testing.assert_close(logits[i], hf_logits(tm.hf, s["ids"])[-1], rtol=1e-4, atol=1e-4)
 
@@ -65,9 +81,48 @@ def test_prefill_and_decode_logits_match_transformers(tmp_path, tiny_tokenizer, 
             s["ids"].append(t)
         width = max(p // page + 1 for p in positions)
         table = on_dev([(s["pages"] + [0] * width)[:width] for s in seqs])
-        attn = AttentionInputs(False, on_dev([_slots(s["pages"], range(p, p + 1), page)[0] for s, p in zip(seqs, positions)]),
-                               page_table=table, context_lens=on_dev(positions) + 1)
+        attn = AttentionInputs(on_dev([_slots(s["pages"], range(p, p + 1), page)[0] for s, p in zip(seqs, positions)]),
+                               table, on_dev(positions) + 1)
         logits = model(on_dev(new), on_dev(positions), attn, kv, None).cpu()
         for i, s in enumerate(seqs):
             torch.testing.assert_close(logits[i], hf_logits(tm.hf, s["ids"])[-1], rtol=1e-4, atol=1e-4,
                                        msg=lambda m: f"decode step {step}, sequence {i}: {m}")
+
+
+@pytest.mark.parametrize("arch,kv_heads", [("llama", 2), ("qwen3", 1), ("phi", 4)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_chunked_prefill_beside_decode_rows_matches_transformers(tmp_path, tiny_tokenizer, arch, kv_heads, device):
+    """Three prompts prefilled in chunks of uneven sizes, packed into one step with one another and
+    with decode rows (chunks of one token): the logits at each chunk's last token equal transformers'
+    over the whole prefix, whatever the chunk edges (on, before and after page boundaries)."""
+    tm = build_tiny(tmp_path, tiny_tokenizer, arch, kv_heads=kv_heads, seed=9)
+    ckpt = load_checkpoint(tmp_path)
+    dev = torch.device(device)
+    page = 16 if device == "cuda" else 4
+    model = build_model(ckpt, torch.float32, dev, max_len=128)
+    cfg = ckpt.config
+    kv = KVCache(cfg.num_layers, 80, page, cfg.num_kv_heads, cfg.head_dim, torch.float32, dev)
+    rng = random.Random(2)
+    free = list(range(1, 80))
+    rng.shuffle(free)
+    total = [40, 25, 34]
+    seqs = [dict(ids=[rng.randrange(tm.vocab_size) for _ in range(n)], pages=[free.pop() for _ in range(-(-n // page))])
+            for n in total]
+    # per step, the tokens each sequence adds: a whole chunk, or 1 (a decode row, once its prompt is in)
+    schedule = [[16, 7, 0], [1, 16, 15], [17, 1, 18], [6, 1, 1]]
+    done = [0, 0, 0]
+    for step in schedule:
+        spans = [(done[i], n) for i, n in enumerate(step) if n]
+        active = [seqs[i] for i, n in enumerate(step) if n]
+        ids = torch.tensor([t for s, (a, n) in zip(active, spans) for t in s["ids"][a:a + n]], device=dev)
+        pos = torch.tensor([p for a, n in spans for p in range(a, a + n)], device=dev)
+        slots = torch.tensor([x for s, (a, n) in zip(active, spans) for x in _slots(s["pages"], range(a, a + n), page)],
+                             device=dev)
+        last = torch.tensor(np.cumsum([n for _, n in spans]) - 1, device=dev)
+        logits = model(ids, pos, packed_inputs(active, spans, page, slots, cfg, dev), kv, last).cpu()
+        for j, (s, (a, n)) in enumerate(zip(active, spans)):
+            torch.testing.assert_close(logits[j], hf_logits(tm.hf, s["ids"][: a + n])[-1], rtol=1e-4, atol=1e-4,
+                                       msg=lambda m: f"{step}, sequence {j}: {m}")
+        for i, n in enumerate(step):
+            done[i] += n
+    assert done == total

@@ -9,9 +9,10 @@ from slipstream.engine import EngineCore
 from slipstream.sampling import SamplingParams
 
 
-def make_core(model, mode: str, finished: list):
-    cfg = EngineConfig(model=str(model.path), device="cpu", mode=mode, max_num_seqs=4, num_pages=64, page_size=4)
-    return EngineCore(cfg, finished.append)
+def make_core(model, mode: str, finished: list, **options):
+    opts = dict(device="cpu", mode=mode, max_num_seqs=4, num_pages=64, page_size=4)
+    opts.update(options)
+    return EngineCore(EngineConfig(model=str(model.path), **opts), finished.append)
 
 
 def run_until(core, cond, limit=200):
@@ -109,21 +110,21 @@ def test_a_failing_callback_on_the_final_text_still_finishes_once(tiny_llama):
     assert core.pool.num_free == core.pool.total
 
 
-def test_prefill_in_flight_lets_new_arrivals_wait_for_one_decode_step(tiny_llama):
-    """Each prefill step costs a fixed launch overhead, so with a prefill in flight the next step
-    decodes the running sequences and arrivals gather for one larger prefill after it."""
+def test_arrivals_ride_along_with_the_running_decode_rows(tiny_llama):
+    """A request that arrives while others decode is prefilled in the next step, packed beside
+    their decode rows: admissions never stall decoding, and decoding never delays an admission."""
     core = make_core(tiny_llama, "pipelined", [])
     sched = core.scheduler
-    kinds = []
+    steps = []
     launch = core.runner.launch_forward
-    core.runner.launch_forward = lambda step: kinds.append((step.kind, len(step.seqs))) or launch(step)
+    core.runner.launch_forward = lambda step: steps.append((step.kind, step.num_decode, len(step.chunks))) or launch(step)
     sched.add(core.make_sequence([1, 2], SamplingParams(max_tokens=8), None))
-    sched.tick()  # prefill of the first request, in flight
+    sched.tick()  # the first prompt
     for i in range(3):
         sched.add(core.make_sequence([3 + i], SamplingParams(max_tokens=8), None))
-    sched.tick()  # decode of the first request; the three arrivals wait
-    sched.tick()  # one prefill for all three
-    assert kinds == [("prefill", 1), ("decode", 1), ("prefill", 3)]
+    sched.tick()  # the first request's decode row and the three prompts, in one step
+    sched.tick()
+    assert steps == [("prefill", 0, 1), ("prefill", 1, 3), ("decode", 4, 0)]
     run_until(core, lambda: not sched.has_work())
     assert core.pool.num_free == core.pool.total
 
@@ -140,3 +141,72 @@ def test_nothing_to_decode_means_prefill_right_away(tiny_llama):
     sched.tick()  # the first request needs no decode step (max_tokens=1): the second prefills now
     assert kinds == ["prefill", "prefill"]
     run_until(core, lambda: not sched.has_work())
+
+
+class InvariantChecker:
+    """Checks the planning invariants (slipstream/scheduler.py) at every launch, with the sequences
+    as planned (before their counters advance), and the in-flight references after every tick."""
+
+    def __init__(self, core) -> None:
+        self.core, self.sched = core, core.scheduler
+        self.admitted: list[int] = []
+        self.launches = {"prefill": 0, "decode": 0, "mixed": 0, "chunked": 0}
+        launch = core.runner.launch_forward
+        core.runner.launch_forward = lambda step: self.check_step(step) or launch(step)
+
+    def check_step(self, step) -> None:
+        sched = self.sched
+        assert step.num_tokens <= sched.max_step_tokens  # 1
+        decodable = {s.request_id for s in sched.running.values()
+                     if not s.finalized and not s.prefilling and s.sampled_launched < s.max_tokens}
+        rows = step.seqs[:step.num_decode]
+        assert {s.request_id for s in rows} == decodable  # 1: every decodable sequence, every step
+        assert all(not s.prefilling for s in rows)  # 2: decode rows only after the last chunk
+        for s, (start, n) in zip(step.seqs[step.num_decode:], step.chunks):
+            assert start == s.kv_len and n >= 1 and start + n <= len(s.prompt_ids)  # 2: in order
+            assert (s in step.sampled) == (start + n == len(s.prompt_ids))  # 2: only the last chunk samples
+            if start == 0:
+                self.admitted.append(s.request_id)
+            if n < len(s.prompt_ids):
+                self.launches["chunked"] += 1
+        assert self.admitted == sorted(self.admitted)  # 3: first come, first served
+        kind = "mixed" if step.kind == "prefill" and step.num_decode else step.kind
+        self.launches[kind] += 1
+
+    def check_refs(self) -> None:
+        """4: each held sequence's references are the in-flight steps that carry it."""
+        inflight = list(self.sched.pipeline.inflight)
+        for s in self.sched.running.values():
+            assert s.inflight_refs == sum(s in step.seqs for step in inflight)
+            assert s.row >= 0 and s.pages
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "blocking"])
+def test_planning_invariants_hold_at_every_step(tiny_llama, mode):
+    """Long prompts (up to ten budgets), short ones, arrivals while others prefill and decode, more
+    requests than rows, EOS zombies and aborts mid-prompt, under a budget of 24 tokens."""
+    core = make_core(tiny_llama, mode, [], num_pages=400, max_prefill_tokens=24)
+    sched = core.scheduler
+    checker = InvariantChecker(core)
+    rng = __import__("random").Random(3)
+    seqs = []
+    for i in range(14):
+        n = rng.choice([1, 5, 23, 24, 25, 60, 240])
+        force = (lambda k=rng.randrange(6): ForceAt(k, tiny_llama.eos_id)) if rng.random() < 0.3 else None
+        seqs.append(core.make_sequence([rng.randrange(1, 300) for _ in range(n)],
+                                       SamplingParams(max_tokens=rng.randint(1, 12), constraint=force), None))
+    pending = list(seqs)
+    for tick in range(2000):
+        if pending and tick % 3 == 0:
+            sched.add(pending.pop(0))
+        if tick == 20:
+            victim = next(s for s in seqs if s.prefilling and s.row >= 0)  # aborted mid-prompt
+            sched.abort(victim.request_id)
+        if not pending and not sched.has_work():
+            break
+        sched.tick()
+        checker.check_refs()
+    assert not pending and not sched.has_work()
+    assert all(s.finalized for s in seqs) and core.pool.num_free == core.pool.total
+    assert victim.finish_reason == "abort" and victim.output_ids == []
+    assert checker.launches["mixed"] and checker.launches["chunked"] and checker.launches["decode"]

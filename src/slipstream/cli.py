@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 
 
+TRAFFIC = ["mixed", "prefill", "ttft", "interference"]
+
+
 def _csv(kind):
     return lambda s: [kind(x) for x in s.split(",") if x]
 
@@ -32,8 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--seed", type=int, default=0)
 
-    b = sub.add_parser("bench", help="decode throughput, pipelined vs blocking")
+    b = sub.add_parser("bench", help="throughput and latency, pipelined vs blocking")
     b.add_argument("--model", default=None)
+    b.add_argument("--workload", default=None, choices=["decode", "short", "zombie", "constrained"] + TRAFFIC,
+                   help="decode (default): tok/s per stream count; mixed: requests of random prompt and output "
+                        "lengths; prefill: prompt tok/s; ttft: one request at a time; interference: decoding while "
+                        "prompts arrive every step")
     b.add_argument("--streams", type=_csv(int), default=[1, 8])
     b.add_argument("--mode", type=_csv(str), default=["pipelined", "blocking"])
     b.add_argument("--prompt-tokens", type=int, default=64)
@@ -50,6 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--profile", action="store_true",
                    help="GPU: per-step forward/sampling/bookkeeping/idle split and a PNG timeline")
     b.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    b.add_argument("--max-num-seqs", type=int, default=None,
+                   help="engine option (default: the largest --streams; for the traffic workloads the engine's)")
+    b.add_argument("--max-prefill-tokens", type=int, default=None, help="engine option: the per-step token budget")
+    t = b.add_argument_group("traffic workloads (mixed, prefill, ttft, interference)")
+    t.add_argument("--requests", type=int, default=384, help="mixed: number of requests")
+    t.add_argument("--prompt-range", type=_csv(int), default=[16, 1024], help="mixed: prompt lengths, uniform")
+    t.add_argument("--output-range", type=_csv(int), default=[16, 384], help="mixed: output lengths, uniform")
+    t.add_argument("--request-rate", type=_csv(str), default=["inf"],
+                   help="mixed: Poisson arrivals at these requests/s; inf: all at once; P%%: of the capacity "
+                        "measured all at once in the same run, e.g. 50%%,90%%")
+    t.add_argument("--ttft-lengths", type=_csv(int), default=[16, 128, 1024, 4000], help="ttft: prompt lengths")
 
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="slipstream: %(message)s")
@@ -61,12 +79,24 @@ def main(argv: list[str] | None = None) -> int:
 
             print(write_checkpoint(args.preset, args.out, args.seed))
             return 0
-        from .bench import run
+        engine = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
+                                    ("max_prefill_tokens", args.max_prefill_tokens)) if v is not None}
+        workload = args.workload or ("short" if args.short else "zombie" if args.zombie
+                                     else "constrained" if args.constrained is not None else "decode")
+        if workload in TRAFFIC:
+            from .bench import traffic
 
-        workload = ("short" if args.short else "zombie" if args.zombie
-                    else "constrained" if args.constrained is not None else "decode")
-        run(args.model, args.streams, args.mode, args.prompt_tokens, args.max_tokens, args.device, args.dtype,
-            args.out, workload, args.profile, args.constrained, args.temperature, args.top_p)
+            for name, pair in (("--prompt-range", args.prompt_range), ("--output-range", args.output_range)):
+                if len(pair) != 2 or not 1 <= pair[0] <= pair[1]:
+                    raise ValueError(f"{name} takes two lengths LOW,HIGH with 1 <= LOW <= HIGH, got {pair}")
+            traffic.run(args.model, workload, args.mode, args.device, args.dtype, args.out, engine, args.requests,
+                        tuple(args.prompt_range), tuple(args.output_range), traffic.parse_rates(args.request_rate),
+                        args.ttft_lengths, max(args.streams), args.prompt_tokens)
+        else:
+            from .bench.decode import run
+
+            run(args.model, args.streams, args.mode, args.prompt_tokens, args.max_tokens, args.device, args.dtype,
+                args.out, workload, args.profile, args.constrained or [1.0], args.temperature, args.top_p, engine)
         return 0
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"slipstream: error: {e}", file=sys.stderr)

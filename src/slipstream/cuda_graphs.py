@@ -1,12 +1,17 @@
-"""CUDA graphs of the decode step: one per (slot, batch-size bucket, sampling fused or not).
+"""CUDA graphs of the step's forward: decode steps per (slot, batch-size bucket, sampling fused or
+not), prefill steps per (slot, token bucket).
 
-Every input of a decode forward lives at a fixed address (the slot's packed metadata on the
-device, the last-token table, the KV pages), so each slot's forward is captured once per bucket
-and replayed. The fused variant also captures greedy sampling (argmax, the last-token scatter and
-the copy into the slot's sampled buffer) for steps with no mask, penalty, temperature or logprobs.
-All graphs share one memory pool: they run one at a time on the one compute stream."""
+Every input of a forward lives at a fixed address (the slot's packed metadata on the device, the
+last-token table, the KV pages), and so does its output (the slot's logits buffer), so each slot's
+forward is captured once per bucket and replayed. The fused decode variant also captures greedy
+sampling (argmax, the last-token scatter and the copy into the slot's sampled buffer) for steps
+with no mask, penalty, temperature or logprobs. A prefill step's grid is fixed per token bucket:
+its padding tokens write the scratch page, and the packed attention's unused programs exit.
+All graphs share one memory pool: they run one at a time on the one compute stream, and since no
+graph's output is an allocation of its own, what one leaves in the pool the next one reuses."""
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -20,43 +25,74 @@ if TYPE_CHECKING:
 log = logging.getLogger("slipstream")
 
 
-class DecodeGraphs:
-    def __init__(self, runner: "ModelRunner", buckets: list[int]) -> None:
-        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+class StepGraphs:
+    def __init__(self, runner: "ModelRunner", decode_buckets: list[int], token_buckets: list[int]) -> None:
+        self.decode: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.packed: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.token_buckets = token_buckets
         stream = runner.layer.compute_stream
         width = runner.max_pages_per_seq
         torch.cuda.synchronize()  # weights, cache and slot buffers were made on the default stream
         t0 = time.perf_counter()
         with torch.cuda.stream(stream):  # warm-up: compile kernels, create cuBLAS workspaces
-            for slot in runner.slots:
-                runner.stage_padding(slot, max(buckets))
-            for b in buckets:
-                runner.greedy_tail(runner.slots[0], b, runner.decode_forward(runner.slots[0], b, width))
+            slot = runner.slots[0]
+            for n in token_buckets:
+                runner.stage_padding(slot, n, packed=True)
+                runner.packed_forward(slot, n, runner.logit_rows(n))
+            runner.stage_padding(slot, max(decode_buckets))
+            for b in decode_buckets:
+                runner.greedy_tail(slot, b, runner.decode_forward(slot, b, width))
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # (capture empties the cache too): what grows from here is the graphs' pool
         before = torch.cuda.memory_reserved()
         pool = torch.cuda.graph_pool_handle()
-        todo = [(slot, b, fused) for slot in runner.slots for b in buckets for fused in (False, True)]
-        for slot, b, fused in tqdm(todo, desc="capturing CUDA graphs", unit="graph", leave=False):
+        todo = [(slot, n, "packed") for slot in runner.slots for n in token_buckets]
+        todo += [(slot, b, fused) for slot in runner.slots for b in decode_buckets for fused in (False, True)]
+        staged = None
+        for slot, n, kind in tqdm(todo, desc="capturing CUDA graphs", unit="graph", leave=False):
+            if staged != (slot.index, kind == "packed"):
+                staged = (slot.index, kind == "packed")
+                runner.stage_padding(slot, max(token_buckets) if kind == "packed" else max(decode_buckets),
+                                     packed=kind == "packed")
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
-                logits = runner.decode_forward(slot, b, width)
-                if fused:
-                    runner.greedy_tail(slot, b, logits)
-            self.graphs[(slot.index, b, fused)] = (graph, logits)
+                if kind == "packed":
+                    logits = runner.packed_forward(slot, n, runner.logit_rows(n))
+                else:
+                    logits = runner.decode_forward(slot, n, width)
+                    if kind:
+                        runner.greedy_tail(slot, n, logits)
+            if kind == "packed":
+                self.packed[(slot.index, n)] = (graph, logits)
+            else:
+                self.decode[(slot.index, n, kind)] = (graph, logits)
         with torch.cuda.stream(stream):  # the first replay uploads a graph to the device: do it now, on padding
-            for graph, _ in self.graphs.values():
+            for slot in runner.slots:
+                runner.stage_padding(slot, max(token_buckets), packed=True)
+                for n in token_buckets:
+                    self.packed[(slot.index, n)][0].replay()
+                runner.stage_padding(slot, max(decode_buckets))
+            for graph, _ in self.decode.values():
                 graph.replay()
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
         self.memory_bytes = torch.cuda.memory_reserved() - before
-        log.info("captured %d decode graphs (buckets %s) in %.1f s; graph memory %.1f MiB", len(self.graphs),
-                 buckets, self.capture_seconds, self.memory_bytes / 2**20)
+        log.info("captured %d graphs (decode rows %s, prefill tokens %s) in %.1f s; graph memory %.1f MiB", len(self),
+                 decode_buckets, token_buckets, self.capture_seconds, self.memory_bytes / 2**20)
 
     def __len__(self) -> int:
-        return len(self.graphs)
+        return len(self.decode) + len(self.packed)
 
-    def replay(self, slot_index: int, rows: int, fused: bool) -> torch.Tensor:
-        graph, logits = self.graphs[(slot_index, rows, fused)]
+    def token_bucket(self, tokens: int) -> int:
+        """The smallest captured prefill size that holds `tokens` tokens."""
+        return self.token_buckets[bisect.bisect_left(self.token_buckets, tokens)]
+
+    def replay_decode(self, slot_index: int, rows: int, fused: bool) -> torch.Tensor:
+        graph, logits = self.decode[(slot_index, rows, fused)]
+        graph.replay()
+        return logits
+
+    def replay_packed(self, slot_index: int, tokens: int) -> torch.Tensor:
+        graph, logits = self.packed[(slot_index, tokens)]
         graph.replay()
         return logits

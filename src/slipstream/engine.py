@@ -63,7 +63,6 @@ class EngineCore:
         self.model_config = mc = ckpt.config
         self.tokenizer = ckpt.tokenizer
         self.max_model_len = min(cfg.max_model_len or DEFAULT_MAX_MODEL_LEN, mc.max_position_embeddings)
-        self.max_prefill_tokens = cfg.max_prefill_tokens or self.max_model_len
         self.layer = DeviceLayer(cfg.device)
         net = build_model(ckpt, cfg.dtype, cfg.device, self.max_model_len)
         del ckpt
@@ -71,10 +70,9 @@ class EngineCore:
         kv = KVCache(mc.num_layers, self.pool.num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, cfg.dtype,
                      cfg.device)
         pages_per_seq = self.pool.pages_for(self.max_model_len + 1)
-        self.runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, self.max_prefill_tokens, pages_per_seq,
+        self.runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, cfg.step_tokens, pages_per_seq,
                                   cfg.cuda_graphs)
-        self.scheduler = Scheduler(self.runner, self.pool, cfg.depth, cfg.max_num_seqs, self.max_prefill_tokens,
-                                   on_finish)
+        self.scheduler = Scheduler(self.runner, self.pool, cfg.depth, cfg.max_num_seqs, cfg.step_tokens, on_finish)
         self._ids = itertools.count()
         self._grammar = None  # the XGrammar backend, built at the first structured-output request
         self._grammar_lock = threading.Lock()
@@ -103,9 +101,6 @@ class EngineCore:
         if room < 1:
             raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}, which leaves "
                              f"no room to generate")
-        if len(ids) > self.max_prefill_tokens:
-            raise ValueError(f"prompt has {len(ids)} tokens, more than max_prefill_tokens "
-                             f"({self.max_prefill_tokens}); raise max_prefill_tokens")
         seq = Sequence(
             request_id=next(self._ids), prompt_ids=ids, params=params, max_tokens=min(params.max_tokens, room),
             seed=params.resolved_seed(),

@@ -16,21 +16,35 @@ Invariants (each has a unit test in tests/test_pipeline.py):
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass
 class Step:
-    """One unit of GPU work: a decode step over running rows, or a prefill step over new prompts."""
+    """One unit of GPU work. A "decode" step has one token for each of its sequences (the captured
+    graphs run it); a "prefill" step packs prompt chunks, `chunks[i]` = (first prompt token, tokens)
+    of `seqs[num_decode + i]`, beside decode rows for its first `num_decode` sequences. `sampled`
+    are the sequences that sample a token, in row order: the decode rows, then the prompts whose
+    last chunk this is."""
 
     index: int
     kind: str  # "prefill" | "decode"
     seqs: list[Any]
+    chunks: list[tuple[int, int]] = field(default_factory=list)
+    sampled: list[Any] = field(default_factory=list)
     constrained: bool = False
     slot: int = -1
     finalized: bool = False
-    num_rows: int = 0  # rows including padding
+    num_rows: int = 0  # sampling rows, padding included
+
+    @property
+    def num_decode(self) -> int:
+        return len(self.seqs) - len(self.chunks)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_decode + sum(n for _, n in self.chunks)
 
 
 class Pipeline:

@@ -2,10 +2,14 @@
 queues the forward, and (now or at finalize) queues sampling, the scatter of each row's token into
 the device last-token table, and the device-to-host copy of the sampled tokens.
 
-Decode steps read their input ids from the last-token table on the device (indexed by each
-sequence's row), so a token never has to reach the host before the next forward can use it."""
+Decode rows read their input ids from the last-token table on the device (indexed by each
+sequence's row), so a token never has to reach the host before the next forward can use it. A
+decode step runs a captured graph per batch-size bucket; a prefill step (prompt chunks and decode
+rows packed into one token dimension) runs a captured graph per token bucket, padded with tokens
+that write the scratch page and whose attention output is zero."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +18,7 @@ import torch
 from .device import DeviceLayer
 from .kv_cache import SCRATCH_PAGE, KVCache
 from .kernels import triton_rows
-from .kernels.attention import AttentionInputs
+from .kernels.attention import AttentionInputs, num_programs, plan_programs, tokens_per_program
 from .models.llama import CausalLM
 from .pipeline import Step
 from .sampling import SamplerInputs, sample, top_logprobs
@@ -45,6 +49,16 @@ def decode_bucket(n: int, max_rows: int) -> int:
     return min(-(-n // 8) * 8, max_rows)
 
 
+def token_buckets(max_tokens: int) -> list[int]:
+    """Prefill steps are padded to 16, 32, 48, 64, then steps of about 1.5x (multiples of 32), up
+    to the step budget (the CUDA-graph buckets: padding wastes at most a third of a step)."""
+    buckets, b = [16, 32, 48, 64], 64
+    while b < max_tokens:
+        b = -(-b * 3 // 2 // 32) * 32
+        buckets.append(b)
+    return sorted({min(b, max_tokens) for b in buckets})
+
+
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCache, layer: DeviceLayer, max_num_seqs: int,
                  max_step_tokens: int, max_pages_per_seq: int, cuda_graphs: bool) -> None:
@@ -52,12 +66,16 @@ class ModelRunner:
         self.kv = kv
         self.layer = layer
         self.page_size = kv.page_size
-        self.vocab_size = model.config.vocab_size
+        cfg = model.config
+        self.vocab_size = cfg.vocab_size
         self.max_rows = max_num_seqs
         self.scratch_row = max_num_seqs
-        self.slots = [DecodeSlot(i, layer, max(max_step_tokens, max_num_seqs), max_num_seqs, max_pages_per_seq,
-                                 self.vocab_size) for i in range(2)]
+        self.tokens_per_program = tokens_per_program(cfg.num_heads // cfg.num_kv_heads)
+        self.slots = [DecodeSlot(i, layer, max_step_tokens, max_num_seqs, max_pages_per_seq, self.vocab_size)
+                      for i in range(2)]
         self.last_tokens = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=layer.device)
+        # each row's pages (allocated in full at admission, so fixed while the row is held), on the host
+        self.row_pages = np.full((max_num_seqs + 1, max_pages_per_seq), SCRATCH_PAGE, dtype=np.int64)
         # penalty state per row, kept on the device and advanced by sampling itself (see apply_penalties)
         self.counts = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.int32, device=layer.device)
         self.prompt_mask = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.bool, device=layer.device)
@@ -65,68 +83,53 @@ class ModelRunner:
         self.max_pages_per_seq = max_pages_per_seq
         self.profiler = None  # a StepProfiler while `bench --profile` measures
         self.graphs = None
-        if layer.is_cuda:
-            self._warm_up_prefill(max_step_tokens)
         if cuda_graphs and layer.is_cuda:
-            from .cuda_graphs import DecodeGraphs
+            from .cuda_graphs import StepGraphs
 
             buckets = sorted({decode_bucket(n, max_num_seqs) for n in range(1, max_num_seqs + 1)})
-            self.graphs = DecodeGraphs(self, buckets)
+            self.graphs = StepGraphs(self, buckets, token_buckets(max_step_tokens))
+        elif layer.is_cuda:
+            self._warm_up(token_buckets(max_step_tokens)[:4])
 
-    def _warm_up_prefill(self, max_step_tokens: int) -> None:
-        """Run a prefill of 16, 32 and 64 tokens (KV into the scratch page) so the kernels a short
-        prompt uses (the skinny GEMM compiles per block of 16/32/64 rows) are compiled at start-up,
-        not at the first request that needs them."""
-        device, ps = self.layer.device, self.page_size
-        torch.cuda.synchronize()
+    def _warm_up(self, token_counts: list[int]) -> None:
+        """Run padding-only prefill steps of these sizes so the kernels they use (the skinny GEMM
+        compiles per block of 16/32/64 rows) are compiled at start-up, not at the first request."""
         with torch.cuda.stream(self.layer.compute_stream):
-            for n in (16, 32, 64):
-                if n > max_step_tokens:
-                    break
-                positions = torch.arange(n, device=device)
-                attn = AttentionInputs(True, SCRATCH_PAGE * ps + positions % ps, seq_lens=[n])
-                self.model(torch.zeros(n, dtype=torch.int64, device=device), positions, attn, self.kv,
-                           positions[-1:])
+            for n in token_counts:
+                self.stage_padding(self.slots[0], n, packed=True)
+                self.packed_forward(self.slots[0], n, self.logit_rows(n))
         torch.cuda.synchronize()
+
+    def bind_pages(self, row: int, pages: list[int]) -> None:
+        """A sequence admitted at `row` holds these pages until the row is released."""
+        self.row_pages[row, : len(pages)] = pages
+
+    def logit_rows(self, tokens: int) -> int:
+        """Rows of logits a captured prefill step of `tokens` tokens computes (its sampled rows at most)."""
+        return min(tokens, self.max_rows)
 
     def launch_forward(self, step: Step) -> None:
         """Stage metadata for `step` (sequences as planned, before their counters advance) and queue
         its forward on the compute stream."""
         slot = self.slots[step.slot]
         h = slot.host
-        seqs = step.seqs
-        ps = self.page_size
+        sampled = step.sampled
         if step.kind == "prefill":
-            t = 0
-            for i, s in enumerate(seqs):
-                n = len(s.prompt_ids)
-                pos = np.arange(n)
-                pages = np.asarray(s.pages)
-                h["ids"][t:t + n] = s.prompt_ids
-                h["positions"][t:t + n] = pos
-                h["slot_mapping"][t:t + n] = pages[pos // ps] * ps + pos % ps
-                t += n
-                h["logits_index"][i] = t - 1
-            rows = step.num_rows = len(seqs)
+            tokens = step.num_tokens
+            padded = self.graphs.token_bucket(tokens) if self.graphs is not None else tokens
+            rows = step.num_rows = len(sampled)
+            self._stage_packed(step, slot, padded)
         else:
-            rows = step.num_rows = decode_bucket(len(seqs), self.max_rows)
-            width = 1
-            for i, s in enumerate(seqs):
-                pos = s.kv_len
-                h["positions"][i] = pos
-                h["slot_mapping"][i] = s.pages[pos // ps] * ps + pos % ps
-                h["context_lens"][i] = pos + 1
-                n = pos // ps + 1
-                h["page_table"][i, :n] = s.pages[:n]
-                width = max(width, n)
-            self._pad_rows(h, slice(len(seqs), rows), width)
-        live = slice(0, len(seqs))
-        h["rows"][live] = [s.row for s in seqs]
-        h["seeds"][live] = [s.seed for s in seqs]
-        h["token_index"][live] = [s.sampled_launched for s in seqs]
-        params = [s.params for s in seqs]
+            rows = step.num_rows = decode_bucket(len(sampled), self.max_rows)
+            width = self._stage_decode(step.seqs, h)
+            self._pad_rows(h, slice(len(sampled), rows), width)
+        live = slice(0, len(sampled))
+        h["rows"][live] = [s.row for s in sampled]
+        h["seeds"][live] = [s.seed for s in sampled]
+        h["token_index"][live] = [s.sampled_launched for s in sampled]
+        params = [s.params for s in sampled]
         for name in _PER_ROW_PARAMS:
-            h[name][len(seqs):rows] = _NEUTRAL[name]  # padded rows: greedy, unpenalized
+            h[name][len(sampled):rows] = _NEUTRAL[name]  # padded rows: greedy, unpenalized
             h[name][live] = [getattr(p, name) for p in params]
         slot.flags = _StepFlags(any(p.temperature > 0 for p in params), any(p.filtered for p in params),
                                 any(p.penalized for p in params),
@@ -137,25 +140,89 @@ class ModelRunner:
         if self.profiler is not None:
             self.profiler.mark(step, 0)
         self.layer.upload(slot.meta_dev, slot.meta_host)
-        d = slot.dev
         if step.kind == "prefill":
-            if flags.any_penalty:
-                self._reset_penalty_rows(seqs, d["ids"])
-            attn = AttentionInputs(True, d["slot_mapping"][:t], seq_lens=[len(s.prompt_ids) for s in seqs])
-            slot.logits = self.model(d["ids"][:t], d["positions"][:t], attn, self.kv, d["logits_index"][:rows])
+            self._reset_penalty_rows(step, slot.dev["ids"])
+            if self.graphs is not None:
+                logits = self.graphs.replay_packed(slot.index, padded)
+            else:
+                logits = self.packed_forward(slot, padded, max(1, rows))
+            slot.logits = logits[:rows]
         elif self.graphs is not None:
-            slot.logits = self.graphs.replay(slot.index, rows, slot.fused)
+            slot.logits = self.graphs.replay_decode(slot.index, rows, slot.fused)
         else:
             slot.logits = self.decode_forward(slot, rows, width)
         if self.profiler is not None:
             self.profiler.mark(step, 1)
 
+    def _stage_decode(self, seqs: list, h: dict[str, np.ndarray]) -> int:
+        """One token per row, at each sequence's next position; returns the page-table width used."""
+        n, ps = len(seqs), self.page_size
+        rows = np.fromiter((s.row for s in seqs), np.int64, n)
+        pos = np.fromiter((s.kv_len for s in seqs), np.int64, n)
+        h["positions"][:n] = pos
+        h["slot_mapping"][:n] = self.row_pages[rows, pos // ps] * ps + pos % ps
+        h["context_lens"][:n] = pos + 1
+        width = int(pos.max()) // ps + 1
+        h["page_table"][:n, :width] = self.row_pages[rows, :width]
+        return width
+
+    def _stage_packed(self, step: Step, slot: DecodeSlot, padded: int) -> None:
+        """Decode rows (one token each, its id read from the last-token table: staged as -1 - row),
+        then the chunks' prompt tokens, then padding up to `padded` tokens; the packed attention's
+        sequence starts and program list; the logits rows of the sampled sequences."""
+        h, seqs, n_dec, ps = slot.host, step.seqs, step.num_decode, self.page_size
+        n_seqs = len(seqs)
+        rows = np.fromiter((s.row for s in seqs), np.int64, n_seqs)
+        starts = np.fromiter(itertools.chain((s.kv_len for s in seqs[:n_dec]), (a for a, _ in step.chunks)),
+                             np.int64, n_seqs)
+        lens = np.fromiter(itertools.chain(itertools.repeat(1, n_dec), (n for _, n in step.chunks)), np.int64,
+                           n_seqs)
+        ends = starts + lens
+        query_start = np.zeros(n_seqs + 1, np.int64)
+        np.cumsum(lens, out=query_start[1:])
+        tokens = int(query_start[-1])
+        pos = np.arange(tokens) + np.repeat(starts - query_start[:-1], lens)
+        h["positions"][:tokens] = pos
+        h["slot_mapping"][:tokens] = self.row_pages[np.repeat(rows, lens), pos // ps] * ps + pos % ps
+        h["query_start"][: n_seqs + 1] = query_start
+        h["context_lens"][:n_seqs] = ends
+        width = int(ends.max() - 1) // ps + 1
+        h["page_table"][:n_seqs, :width] = self.row_pages[rows, :width]
+        h["ids"][:n_dec] = -1 - rows[:n_dec]
+        for s, (a, n), t in zip(seqs[n_dec:], step.chunks, query_start[n_dec:-1]):
+            h["ids"][t:t + n] = s.prompt_ids[a:a + n]
+        pad = slice(tokens, padded)
+        h["ids"][pad], h["positions"][pad], h["slot_mapping"][pad] = 0, 0, SCRATCH_PAGE * ps
+        final = np.ones(n_seqs, bool)
+        final[n_dec:] = [a + n == len(s.prompt_ids) for s, (a, n) in zip(seqs[n_dec:], step.chunks)]
+        n_sampled = len(step.sampled)
+        h["logits_index"][:n_sampled] = query_start[1:][final] - 1
+        h["logits_index"][n_sampled:self.logit_rows(padded)] = 0
+        self._plan_programs(h, lens, padded)
+        slot.host_lens = list(zip(lens.tolist(), ends.tolist()))
+
+    def _plan_programs(self, h: dict[str, np.ndarray], lens: np.ndarray, padded: int) -> None:
+        grid = num_programs(padded, self.logit_rows(padded), self.tokens_per_program)
+        plan_programs(lens, self.tokens_per_program, padded, h["programs"][:, :grid])
+
+    def packed_forward(self, slot: DecodeSlot, tokens: int, logit_rows: int) -> torch.Tensor:
+        """The forward of a prefill step of `tokens` tokens (padding included) over the slot's staged
+        metadata (eager, or inside a graph capture): logits of its first `logit_rows` sampled rows."""
+        d = slot.dev
+        ids = d["ids"][:tokens]
+        ids = torch.where(ids >= 0, ids, self.last_tokens[(-1 - ids).clamp(min=0)])
+        grid = num_programs(tokens, self.logit_rows(tokens), self.tokens_per_program)
+        attn = AttentionInputs(d["slot_mapping"][:tokens], d["page_table"], d["context_lens"], d["query_start"],
+                               d["programs"][:, :grid], slot.host_lens)
+        return self.model(ids, d["positions"][:tokens], attn, self.kv, d["logits_index"][:logit_rows],
+                          slot.logits_buffer)
+
     def decode_forward(self, slot: DecodeSlot, rows: int, width: int) -> torch.Tensor:
         """The decode forward over the slot's staged metadata (eager, or inside a graph capture)."""
         d = slot.dev
-        attn = AttentionInputs(False, d["slot_mapping"][:rows], page_table=d["page_table"][:rows, :width],
-                               context_lens=d["context_lens"][:rows])
-        return self.model(self.last_tokens[d["rows"][:rows]], d["positions"][:rows], attn, self.kv, None)
+        attn = AttentionInputs(d["slot_mapping"][:rows], d["page_table"][:rows, :width], d["context_lens"][:rows])
+        return self.model(self.last_tokens[d["rows"][:rows]], d["positions"][:rows], attn, self.kv, None,
+                          slot.logits_buffer)
 
     def greedy_tail(self, slot: DecodeSlot, rows: int, logits: torch.Tensor) -> None:
         """Greedy sampling as captured in the fused graphs: argmax (on CUDA the sampling kernel, half
@@ -170,12 +237,18 @@ class ModelRunner:
         self.last_tokens.index_copy_(0, slot.dev["rows"][:rows], tokens)
         slot.sampled[:rows].copy_(tokens)
 
-    def stage_padding(self, slot: DecodeSlot, rows: int) -> None:
-        """Stage `rows` padded rows (scratch row, scratch page) and upload them: graph capture input."""
+    def stage_padding(self, slot: DecodeSlot, rows: int, packed: bool = False) -> None:
+        """Stage a step of padding alone and upload it (graph capture and warm-up input): `rows`
+        decode rows (scratch row, scratch page), or a prefill step of `rows` padding tokens."""
         h = slot.host
-        self._pad_rows(h, slice(0, rows), self.max_pages_per_seq)
+        self._pad_rows(h, slice(0, min(rows, self.max_rows)), self.max_pages_per_seq)
+        if packed:
+            h["ids"][:rows], h["positions"][:rows], h["slot_mapping"][:rows] = 0, 0, SCRATCH_PAGE * self.page_size
+            h["logits_index"][: self.logit_rows(rows)] = 0
+            self._plan_programs(h, np.zeros(0, np.int64), rows)
+            slot.host_lens = []
         for name in _PER_ROW_PARAMS:
-            h[name][:rows] = _NEUTRAL[name]
+            h[name][: min(rows, self.max_rows)] = _NEUTRAL[name]
         self.layer.upload(slot.meta_dev, slot.meta_host)
 
     def _pad_rows(self, h: dict[str, np.ndarray], pad: slice, width: int) -> None:
@@ -185,16 +258,17 @@ class ModelRunner:
         h["page_table"][pad, :width] = SCRATCH_PAGE
         h["rows"][pad] = self.scratch_row
 
-    def _reset_penalty_rows(self, seqs: list, ids: torch.Tensor) -> None:
-        start = 0
-        for s in seqs:
-            n = len(s.prompt_ids)
+    def _reset_penalty_rows(self, step: Step, ids: torch.Tensor) -> None:
+        """A penalized prompt's rows of the penalty state: cleared at its first chunk, and its tokens
+        marked in the prompt mask chunk by chunk (from the device ids: no host scalar copy)."""
+        t = step.num_decode
+        for s, (start, n) in zip(step.seqs[step.num_decode:], step.chunks):
             if s.params.penalized:
-                self.counts[s.row].zero_()
-                self.prompt_mask[s.row].zero_()
-                self.prompt_mask[s.row].index_fill_(0, ids[start:start + n], True)  # (no host scalar copy)
-            start += n
-
+                if start == 0:
+                    self.counts[s.row].zero_()
+                    self.prompt_mask[s.row].zero_()
+                self.prompt_mask[s.row].index_fill_(0, ids[t:t + n], True)
+            t += n
     def mask_rows(self, step: Step) -> np.ndarray:
         """The slot's pinned bitmask rows for `step`, to be filled at finalize."""
         return self.slots[step.slot].mask_host_np[: step.num_rows]
@@ -204,7 +278,7 @@ class ModelRunner:
         sampled tokens (and their logprobs where asked for)."""
         slot = self.slots[step.slot]
         rows, d, flags = step.num_rows, slot.dev, slot.flags
-        if not slot.fused:  # (a fused graph already sampled greedily)
+        if not slot.fused and rows:  # (a fused graph already sampled greedily)
             mask = None
             if masked:
                 self.layer.upload(slot.mask_dev[:rows], slot.mask_host[:rows])
@@ -234,13 +308,13 @@ class ModelRunner:
         """Block until `step`'s sampled tokens (and logprobs rows, if any row asked) have landed
         on the host; one entry per live row."""
         slot = self.slots[step.slot]
-        landed = slot.landing.wait()[: len(step.seqs)].numpy()
+        landed = slot.landing.wait()[: len(step.sampled)].numpy()
         if landed.size and (landed.min() < 0 or landed.max() >= self.vocab_size):
             raise RuntimeError(f"step {step.index}: landing buffer holds {landed.tolist()}, not token ids; "
                                f"it was read before its copy completed or after its slot was released")
         logprobs = None
         if slot.flags.logprobs is not None:
-            logprobs = slot.logprobs_landing.wait()[: len(step.seqs), : 1 + 2 * slot.flags.logprobs].numpy()
+            logprobs = slot.logprobs_landing.wait()[: len(step.sampled), : 1 + 2 * slot.flags.logprobs].numpy()
         return landed.tolist(), logprobs
 
     def release(self, step: Step) -> None:

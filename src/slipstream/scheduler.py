@@ -4,7 +4,19 @@ All state here is mutated on the loop thread only. A sequence is `finalized` whe
 decided (EOS, stop token, length cap, abort) and emitted right then; it keeps its row and KV pages
 until `inflight_refs` — the in-flight steps that reference it — drops to zero. A commit that meets
 a finalized sequence (a zombie: it was planned into the next step before its end was known)
-appends nothing and only drops the reference."""
+appends nothing and only drops the reference.
+
+Each step is planned under one token budget (`max_step_tokens`): a decode row for every running
+sequence, then chunks of prompts, oldest first — the rest of prompts already admitted, then new
+admissions as rows and pages allow. Planning invariants (each has a test in tests/test_scheduler.py):
+  1. A step carries at most `max_step_tokens` tokens, and every running sequence that still has
+     tokens to produce is a decode row of every step: a prompt never pauses decoding.
+  2. A prompt is prefilled in order: each chunk starts where the previous launched chunk ended, and
+     only the chunk that ends the prompt samples; a sequence is a decode row only after that.
+  3. Admission is first come, first served: a request is admitted only after every earlier one.
+  4. Every sequence of a step holds one in-flight reference from the step's launch to its commit;
+     a sequence's row and pages are released only when it is finalized and holds none.
+"""
 from __future__ import annotations
 
 import time
@@ -33,7 +45,7 @@ class Sequence:
     arrival: float = field(default_factory=time.perf_counter)
     row: int = -1
     pages: list[int] = field(default_factory=list)
-    kv_len: int = 0  # tokens whose KV is written by steps launched so far
+    kv_len: int = 0  # tokens whose KV is written by steps launched so far (prompt chunks, then decode rows)
     sampled_launched: int = 0  # output tokens that launched steps will produce
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] = field(default_factory=list)
@@ -44,15 +56,20 @@ class Sequence:
     finish_time: float | None = None
     error: BaseException | None = None  # raised by the request's own callback; the request is aborted
 
+    @property
+    def prefilling(self) -> bool:
+        """Part of the prompt is still to be launched."""
+        return self.kv_len < len(self.prompt_ids)
+
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, pool: PagePool, depth: int, max_num_seqs: int, max_prefill_tokens: int,
+    def __init__(self, runner: ModelRunner, pool: PagePool, depth: int, max_num_seqs: int, max_step_tokens: int,
                  on_finish: Callable[[Sequence], None]) -> None:
         self.runner = runner
         self.pool = pool
         self.pipeline = Pipeline(depth)
         self.max_num_seqs = max_num_seqs
-        self.max_prefill_tokens = max_prefill_tokens
+        self.max_step_tokens = max_step_tokens
         self.on_finish = on_finish
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # holds a row and pages: live sequences and zombies
@@ -102,49 +119,63 @@ class Scheduler:
             self.runner.profiler.tick(start, time.perf_counter(), self.waited)
 
     def _launch_next(self) -> bool:
-        if self.pipeline.inflight and self.pipeline.inflight[-1].kind == "prefill":
-            # A prefill is in flight: decode first, so the requests arriving meanwhile share the
-            # next prefill (each prefill step has a fixed launch cost, whatever its size).
-            step = self._plan_decode() or self._plan_prefill()
-        else:
-            step = self._plan_prefill() or self._plan_decode()
+        step = self._plan()
         if step is None:
             return False
         self.pipeline.launch(step)
         self.runner.launch_forward(step)
         for s in step.seqs:
             s.inflight_refs += 1
+        for s in step.seqs[:step.num_decode]:
+            s.kv_len += 1
+        for s, (start, n) in zip(step.seqs[step.num_decode:], step.chunks):
+            s.kv_len = start + n
+        for s in step.sampled:
             s.sampled_launched += 1
-            s.kv_len = len(s.prompt_ids) if step.kind == "prefill" else s.kv_len + 1
         self.steps[step.kind] += 1
         if not step.constrained:
             self._finalize(step)
         return True
 
-    def _plan_prefill(self) -> Step | None:
-        admitted, budget = [], self.max_prefill_tokens
-        while self.waiting and self.free_rows:
+    def _plan(self) -> Step | None:
+        """The next step: a decode row for every live sequence that still has tokens to produce (one
+        whose launched steps already reach max_tokens is known to finish, so it never becomes a
+        zombie), then prompt chunks under what is left of the budget (planning invariants 1-3)."""
+        decode, prefilling = [], []
+        for s in self.running.values():
+            if not s.finalized:
+                if s.prefilling:
+                    prefilling.append(s)
+                elif s.sampled_launched < s.max_tokens:
+                    decode.append(s)
+        budget = self.max_step_tokens - len(decode)
+        chunked, chunks = [], []
+        for s in prefilling:  # admitted earlier (in admission order), part of the prompt still to go
+            if budget == 0:
+                break
+            n = min(budget, len(s.prompt_ids) - s.kv_len)
+            chunked.append(s)
+            chunks.append((s.kv_len, n))
+            budget -= n
+        while budget > 0 and self.waiting and self.free_rows:
             seq = self.waiting[0]
             n_pages = self.pool.pages_for(self.reserve_tokens(seq))
-            if len(seq.prompt_ids) > budget or n_pages > self.pool.num_free:
+            if n_pages > self.pool.num_free:
                 break
             self.waiting.popleft()
-            budget -= len(seq.prompt_ids)
             seq.row = self.free_rows.pop()
             seq.pages = self.pool.allocate(n_pages)
+            self.runner.bind_pages(seq.row, seq.pages)
             self.running[seq.request_id] = seq
-            admitted.append(seq)
-        if not admitted:
+            n = min(budget, len(seq.prompt_ids))
+            chunked.append(seq)
+            chunks.append((0, n))
+            budget -= n
+        if not decode and not chunks:
             return None
-        return Step(self.pipeline.launched, "prefill", admitted, any(s.constraint for s in admitted))
-
-    def _plan_decode(self) -> Step | None:
-        """Every live sequence that still has tokens to produce. A sequence whose launched steps
-        already reach max_tokens is left out: it is known to finish, so it never becomes a zombie."""
-        seqs = [s for s in self.running.values() if not s.finalized and s.sampled_launched < s.max_tokens]
-        if not seqs:
-            return None
-        return Step(self.pipeline.launched, "decode", seqs, any(s.constraint for s in seqs))
+        sampled = decode + [s for s, (start, n) in zip(chunked, chunks) if start + n == len(s.prompt_ids)]
+        return Step(self.pipeline.launched, "prefill" if chunks else "decode", decode + chunked, chunks, sampled,
+                    any(s.constraint for s in sampled))
 
     def _finalize(self, step: Step) -> None:
         """Queue the step's sampling. Masks come from committed state: the previous step has
@@ -155,7 +186,7 @@ class Scheduler:
             words = self.runner.mask_rows(step)
             words[:] = ALL_ALLOWED
             rows: dict[type, list[tuple[int, TokenConstraint]]] = {}
-            for i, s in enumerate(step.seqs):
+            for i, s in enumerate(step.sampled):
                 if s.constraint is not None and not s.finalized:
                     rows.setdefault(type(s.constraint), []).append((i, s.constraint))
             for kind, group in rows.items():
@@ -176,12 +207,13 @@ class Scheduler:
         now = time.perf_counter()
         self.waited += now - before
         self.commit_log.append((step.kind, now))
-        for i, (seq, tok) in enumerate(zip(step.seqs, tokens)):
-            seq.inflight_refs -= 1
+        for i, (seq, tok) in enumerate(zip(step.sampled, tokens)):
             if not seq.finalized:
                 if seq.params.logprobs is not None:
                     seq.logprobs.append(_logprob_entry(tok, logprobs[i], seq.params.logprobs))
                 self._append(seq, tok, now)
+        for seq in step.seqs:
+            seq.inflight_refs -= 1
             self._release_if_done(seq)
         self.runner.release(step)
         self.pipeline.commit_oldest()

@@ -1,8 +1,10 @@
 """DecodeSlot: every buffer one in-flight step needs, allocated once and reused.
 
-A step's host-side metadata (input ids, positions, KV slots, rows, page-table rows, sampling
-parameters) is staged in one pinned int64 buffer and sent in one non-blocking copy; the device
-copy is cut into views at fixed offsets, so the addresses never change between steps."""
+A step's host-side metadata (input ids, positions, KV slots, rows, page-table rows, the packed
+attention's sequence starts and program list, sampling parameters) is staged in one pinned int64
+buffer and sent in one non-blocking copy; the device copy is cut into views at fixed offsets, and
+the logits land in a buffer of the slot's own, so the addresses never change between steps (what
+a CUDA graph needs, and why every graph can share one memory pool)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,16 +13,22 @@ import torch
 from .device import DeviceLayer
 from .sampling import MAX_LOGPROBS
 
-# (name, length in units of: T = max tokens per step, B = max rows per step, BP = B * max pages per row)
+# (name, length in units of: T = max tokens per step, B = max rows (sequences) per step, B1 = B + 1,
+# G2 = 2 * (T + B + 1) (the packed attention's programs: at most T + B + 1), BP = B * max pages per row)
 _SECTIONS = (("ids", "T"), ("positions", "T"), ("slot_mapping", "T"), ("rows", "B"), ("context_lens", "B"),
-             ("logits_index", "B"), ("seeds", "B"), ("token_index", "B"), ("top_k", "B"), ("temperature", "B"),
-             ("top_p", "B"), ("min_p", "B"), ("repetition_penalty", "B"), ("presence_penalty", "B"),
-             ("frequency_penalty", "B"), ("page_table", "BP"))
+             ("query_start", "B1"), ("logits_index", "B"), ("seeds", "B"), ("token_index", "B"), ("top_k", "B"),
+             ("temperature", "B"), ("top_p", "B"), ("min_p", "B"), ("repetition_penalty", "B"),
+             ("presence_penalty", "B"), ("frequency_penalty", "B"), ("programs", "G2"), ("page_table", "BP"))
 FLOAT_SECTIONS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
+def _sizes(max_tokens: int, max_rows: int, max_pages: int) -> dict[str, int]:
+    return {"T": max_tokens, "B": max_rows, "B1": max_rows + 1, "G2": 2 * (max_tokens + max_rows + 1),
+            "BP": max_rows * max_pages}
+
+
 def _views(buf: torch.Tensor, max_tokens: int, max_rows: int, max_pages: int) -> dict[str, torch.Tensor]:
-    sizes = {"T": max_tokens, "B": max_rows, "BP": max_rows * max_pages}
+    sizes = _sizes(max_tokens, max_rows, max_pages)
     out, off = {}, 0
     for name, unit in _SECTIONS:
         n = sizes[unit]
@@ -29,11 +37,12 @@ def _views(buf: torch.Tensor, max_tokens: int, max_rows: int, max_pages: int) ->
     for name in FLOAT_SECTIONS:
         out[name] = out[name].view(torch.float64)
     out["page_table"] = out["page_table"].view(max_rows, max_pages)
+    out["programs"] = out["programs"].view(2, -1)
     return out
 
 
 def meta_size(max_tokens: int, max_rows: int, max_pages: int) -> int:
-    sizes = {"T": max_tokens, "B": max_rows, "BP": max_rows * max_pages}
+    sizes = _sizes(max_tokens, max_rows, max_pages)
     return sum(sizes[unit] for _, unit in _SECTIONS)
 
 
@@ -56,9 +65,11 @@ class DecodeSlot:
         self.landing = layer.landing((max_rows,), torch.int64)
         self.logprobs = torch.zeros((max_rows, 1 + 2 * MAX_LOGPROBS), dtype=torch.float64, device=layer.device)
         self.logprobs_landing = layer.landing((max_rows, 1 + 2 * MAX_LOGPROBS), torch.float64)
+        self.logits_buffer = torch.zeros((max_rows, vocab_size), dtype=torch.float32, device=layer.device)
         self.flags = None  # the runner's per-step sampling flags, set at launch
         self.fused = False  # this step's decode graph already sampled greedily
-        self.logits: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None  # this step's rows of logits_buffer
+        self.host_lens: list[tuple[int, int]] = []  # a prefill step's (tokens, context) per sequence (torch path)
 
     def release(self) -> None:
         """Called after the commit that read this slot: its landing buffer may be reused now."""

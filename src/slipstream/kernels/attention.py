@@ -1,4 +1,5 @@
-"""Attention over the paged KV cache in plain torch (the reference path; CPU and GPU).
+"""Attention over the paged KV cache: the step's inputs, the dispatch to the Triton kernels on CUDA,
+and the plain-torch reference path (CPU, and shapes the kernels do not serve).
 
 Pages are [num_pages, page_size, kv_heads, head_dim]; a token's KV lives at flat slot
 page * page_size + offset, and `slot_mapping` gives that slot for every token of a step."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -15,14 +17,50 @@ from . import HAS_TRITON
 
 @dataclass
 class AttentionInputs:
-    """Where a step's tokens sit in the paged cache. Prefill steps pack whole prompts
-    (`seq_lens`, host ints); decode steps have one token per row (`page_table`, `context_lens`)."""
+    """Where a step's tokens sit in the paged cache. A decode step has one token per row
+    (`query_start` None); a packed step carries chunks of any length, one per sequence, packed one
+    after the other (a decode row among them is a chunk of one token), each at the end of its
+    sequence's context and attending to the keys its earlier chunks and steps wrote."""
 
-    is_prefill: bool
-    slot_mapping: torch.Tensor
-    seq_lens: list[int] | None = None
-    page_table: torch.Tensor | None = None
-    context_lens: torch.Tensor | None = None
+    slot_mapping: torch.Tensor  # [T]: each token's KV slot, page * page_size + offset
+    page_table: torch.Tensor  # [S, P]: each sequence's pages
+    context_lens: torch.Tensor  # [S]: keys each sequence attends to, this step's tokens included
+    query_start: torch.Tensor | None = None  # [S + 1] (packed): sequence s's tokens are [query_start[s], [s + 1])
+    programs: torch.Tensor | None = None  # [2, G] (packed): the Triton kernel's grid (packed_attention.plan_programs)
+    host_lens: list[tuple[int, int]] | None = None  # (tokens, context) per sequence, for the torch path
+
+    @property
+    def packed(self) -> bool:
+        return self.query_start is not None
+
+
+PACKED_BLOCK_M = 64  # the packed kernel's query rows (tokens x query heads of a GQA group) per program
+
+
+def tokens_per_program(group: int) -> int:
+    """Tokens of one sequence a packed-attention program covers, for GQA groups of `group` heads."""
+    return max(1, PACKED_BLOCK_M // (1 << (group - 1).bit_length()))
+
+
+def num_programs(num_tokens: int, num_seqs: int, per_program: int) -> int:
+    """An upper bound on the packed kernel's programs for `num_tokens` tokens (padding included) in at
+    most `num_seqs` sequences, each of whose last block may be partial: a CUDA graph's fixed grid."""
+    return num_tokens // per_program + num_seqs + 1
+
+
+def plan_programs(chunk_lens: np.ndarray, per_program: int, num_tokens: int, out: np.ndarray) -> None:
+    """Fill `out` [2, G] with the packed kernel's programs, (sequence, first token): each chunk's
+    blocks of `per_program` tokens, then padding programs (sequence -1, first token counted from the
+    step's start) up to `num_tokens`, then (-1, -1), which exit at once."""
+    blocks = -(-chunk_lens // per_program)
+    n = int(blocks.sum())
+    out[0, :n] = np.repeat(np.arange(len(chunk_lens)), blocks)
+    out[1, :n] = (np.arange(n) - np.repeat(np.cumsum(blocks) - blocks, blocks)) * per_program
+    real = int(chunk_lens.sum())
+    pad = -(-(num_tokens - real) // per_program)
+    out[0, n:] = -1
+    out[1, n:n + pad] = real + np.arange(pad) * per_program
+    out[1, n + pad:] = -1
 
 
 @dataclass
@@ -57,28 +95,36 @@ def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ro
                            pages: tuple[torch.Tensor, torch.Tensor], scale: float,
                            out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary on q and k, the KV write into the pages, then attention: [tokens, heads, head_dim] in
-    and out (into `out` when given). CUDA decode steps run all of it in one Triton kernel; everything
-    else the torch path."""
-    if not attn.is_prefill and q.is_cuda and _triton_decode(q.shape[-1], pages[0].shape[1]):
-        from .paged_decode import paged_decode_attention
+    and out (into `out` when given). On CUDA a decode step runs all of it in one Triton kernel and
+    a packed step in two (store_kv, packed_attention); everything else runs the torch path."""
+    if q.is_cuda and _triton_serves(attn.packed, q.shape[-1], pages[0].shape[1]):
+        if not attn.packed:
+            from .paged_decode import paged_decode_attention
 
-        return paged_decode_attention(q, *pages, attn.page_table, attn.context_lens, scale, out,
-                                      new_token=(k, v, rope.cos, rope.sin, attn.slot_mapping))
+            return paged_decode_attention(q, *pages, attn.page_table, attn.context_lens, scale, out,
+                                          new_token=(k, v, rope.cos, rope.sin, attn.slot_mapping))
+        from .packed_attention import packed_attention, store_kv
+
+        store_kv(k, v, rope.cos, rope.sin, rope.positions, attn.slot_mapping, *pages)
+        return packed_attention(q, *pages, attn.page_table, attn.context_lens, attn.query_start, attn.programs,
+                                scale, rope.cos, rope.sin, out)
     q, k = apply_rotary(q, *rope.rows), apply_rotary(k, *rope.rows)
     write_kv(*pages, k, v, attn.slot_mapping)
-    if attn.is_prefill:
-        o = prefill_attention(q, k, v, attn.seq_lens, scale)
+    if attn.packed:
+        o = packed_attention_reference(q, *pages, attn.page_table, attn.host_lens, scale)
     else:
         o = decode_attention(q, *pages, attn.page_table, attn.context_lens, scale)
     return o if out is None else out.copy_(o)
 
 
-def _triton_decode(head_dim: int, page_size: int) -> bool:
-    """The Triton kernels serve CUDA decode steps where their tile shapes fit (else the reference)."""
+def _triton_serves(packed: bool, head_dim: int, page_size: int) -> bool:
+    """The Triton kernels serve CUDA steps where their tile shapes fit (else the reference)."""
     if not HAS_TRITON:
         return False
-    from .paged_decode import supported
-
+    if packed:
+        from .packed_attention import supported
+    else:
+        from .paged_decode import supported
     return supported(head_dim, page_size)
 
 
@@ -89,24 +135,22 @@ def write_kv(k_pages: torch.Tensor, v_pages: torch.Tensor, k: torch.Tensor, v: t
     v_pages.view(-1, *v_pages.shape[2:]).index_copy_(0, slot_mapping, v)
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int],
-                      scale: float) -> torch.Tensor:
-    """Causal attention of packed prompts over themselves. q [T, H, D], k/v [T, KVH, D];
-    `seq_lens` (host ints) splits the T tokens into sequences. Consecutive prompts of equal length
-    go through one batched call (views, no copies), so a burst of same-length prompts costs one
-    launch per layer rather than one per prompt."""
-    outs = []
-    start, i = 0, 0
-    while i < len(seq_lens):
-        n, j = seq_lens[i], i
-        while j < len(seq_lens) and seq_lens[j] == n:
-            j += 1
-        end = start + n * (j - i)
-        qs, ks, vs = (x[start:end].view(j - i, n, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
-        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
-                                           enable_gqa=qs.shape[1] != ks.shape[1])
-        outs.append(o.transpose(1, 2).reshape(end - start, *q.shape[1:]))
-        start, i = end, j
+def packed_attention_reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                               page_table: torch.Tensor, host_lens: list[tuple[int, int]], scale: float
+                               ) -> torch.Tensor:
+    """kernels.packed_attention's contract in torch, with q rotated and the step's KV already in the
+    pages: q [T, H, D]; sequence s has host_lens[s] = (n, context): its n tokens are the last n
+    positions of its context, each attending to the keys at positions up to its own."""
+    outs, start = [], 0
+    page = k_pages.shape[1]
+    for s, (n, ctx) in enumerate(host_lens):
+        pages = page_table[s, : -(-ctx // page)]
+        k, v = (x[pages].flatten(0, 1)[:ctx].transpose(0, 1) for x in (k_pages, v_pages))
+        qs = q[start:start + n].transpose(0, 1)
+        causal = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
+        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=causal, scale=scale, enable_gqa=k.shape[0] != q.shape[1])
+        outs.append(o.transpose(0, 1))
+        start += n
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 

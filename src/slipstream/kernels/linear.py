@@ -33,11 +33,11 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if act == "swiglu":
         gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
         y = F.silu(gate) * up
-    elif act is not None:
-        gelu = F.gelu(y[:, act_from:], approximate="tanh" if act == "gelu_tanh" else "none")
-        y = torch.cat([y[:, :act_from], gelu], dim=1) if act_from else gelu
+    elif act is not None:  # (in place on the GEMM's fresh output: no copy of the columns before act_from)
+        tail = y[:, act_from:]
+        tail.copy_(F.gelu(tail, approximate="tanh" if act == "gelu_tanh" else "none"))
     if residual is not None:
-        y = y + residual
+        y = y.add_(residual) if y.dtype == residual.dtype else y + residual
     if out is not None:
         return out.copy_(y)
     return y if out_dtype is None else y.to(out_dtype)

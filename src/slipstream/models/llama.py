@@ -122,8 +122,9 @@ class CausalLM(nn.Module):
             layer.fuse()
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionInputs, kv: KVCache,
-                logits_index: torch.Tensor | None) -> torch.Tensor:
-        """Logits [rows, vocab] (fp32) for the tokens at `logits_index` (all tokens when None)."""
+                logits_index: torch.Tensor | None, logits_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [rows, vocab] (fp32) for the tokens at `logits_index` (all tokens when None), into
+        the first rows of `logits_out` when given."""
         x = self.model.embed_tokens(ids)
         rope = self.rotary.table(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
@@ -136,6 +137,8 @@ class CausalLM(nn.Module):
             x = x[logits_index]
         if not pending:
             x = norm(x)
+        if logits_out is not None:
+            return linear(x, self.lm_head.weight, self.lm_head.bias, out=logits_out[: x.shape[0]])
         return linear(x, self.lm_head.weight, self.lm_head.bias, out_dtype=torch.float32)
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .engine import LLM
-from .sampling import SamplingParams
+from ..engine import LLM
+from ..sampling import SamplingParams
 
 
 @dataclass
@@ -186,13 +186,13 @@ def floor_ms(llm: LLM, streams: int, context: int, bandwidth: float) -> float:
 def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: int, max_tokens: int,
         device: str | None, dtype: str, out: Path | None, workload: str = "decode",
         profile: bool = False, constrained: list[float] | None = None, temperature: float = 0.0,
-        top_p: float = 1.0) -> list[BenchResult]:
+        top_p: float = 1.0, engine_options: dict | None = None) -> list[BenchResult]:
     """Run one workload for every mode and stream count; print a table, write JSON (and PNGs)."""
     results, profiles, floors, engine_stats = [], {}, {}, {}
     bar = tqdm(total=len(streams) * len(modes), desc="bench", unit="case")
     bandwidth = None
     for mode in modes:
-        llm = LLM(model, device=device, dtype=dtype, mode=mode, max_num_seqs=max(streams))
+        llm = LLM(model, device=device, dtype=dtype, mode=mode, **{"max_num_seqs": max(streams), **(engine_options or {})})
         try:
             if profile and not llm.core.layer.is_cuda:
                 raise ValueError("--profile reads CUDA events on the compute stream: it needs a CUDA device")
@@ -235,7 +235,7 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
         out.write_text(json.dumps(report, indent=1))
         print(f"wrote {out}")
         if profiles and workload == "decode":
-            from .profiler import plot_timeline
+            from ..profiler import plot_timeline
 
             plot_timeline(profiles, out.with_suffix(".timeline.png"))
         if workload == "decode" and len(streams) > 1:
@@ -244,7 +244,7 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
 
 
 def _new_profiler(llm: LLM):
-    from .profiler import StepProfiler
+    from ..profiler import StepProfiler
 
     return StepProfiler(llm.core.layer.compute_stream)
 

@@ -1,0 +1,160 @@
+"""Triton: attention of a packed step — chunks of any length from any number of sequences (a
+decode row is a chunk of one token) in one launch per layer, over the paged KV cache.
+
+A step's tokens are packed sequence after sequence (`query_start`). Each sequence's chunk sits at
+the end of its context (`context_lens`, this step's tokens included): its token t is at position
+context - chunk + t and attends causally to every key up to that position, the earlier ones read
+from the pages its earlier chunks (or steps) wrote. Before the attention, `store_kv` rotates the
+step's k and writes k and v into their slots (one launch); the attention kernel rotates q as it
+loads it, so neither q nor k needs a rotary pass of its own.
+
+The grid is a list of programs (`programs`: sequence, first token; attention.plan_programs)
+built on the host, each
+covering BLOCK_Q tokens of one sequence for one KV head; a program's tile holds those tokens'
+query heads of the GQA group (BLOCK_Q x GROUP_PAD rows), so GQA reads each K/V block once for the
+group. Programs past the end of the list exit, and padding programs (sequence -1) zero their tokens'
+output: a step padded to a CUDA-graph bucket replays one fixed grid whatever its composition, and
+padding rows carry zeros, not stale memory, into the next GEMM."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import INTERPRET, pdl_args
+from .attention import tokens_per_program
+from .paged_decode import _load_q, _rope
+
+BLOCK_N = 64  # keys per iteration
+
+
+@triton.jit
+def _store_kv_kernel(k_new_ptr, v_new_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, positions_ptr, slot_ptr, KVH,
+                     stride_kt, stride_knh, stride_vt, stride_vnh, stride_ct, stride_kp, stride_ks, stride_kh,
+                     KVH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, ROT: tl.constexpr,
+                     PDL: tl.constexpr):
+    """One token's K (rotated over its first ROT features at its position) and V into its slot."""
+    t = tl.program_id(0)
+    h = tl.arange(0, KVH_PAD)[:, None]
+    d = tl.arange(0, HEAD_DIM)[None, :]
+    live = h < KVH
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    k_src = k_new_ptr + t * stride_kt + h * stride_knh
+    if ROT > 0:
+        k = _rope(k_src, d, live, cos_ptr, sin_ptr, tl.load(positions_ptr + t), stride_ct, ROT)
+    else:
+        k = tl.load(k_src + d, mask=live, other=0.0)
+    v = tl.load(v_new_ptr + t * stride_vt + h * stride_vnh + d, mask=live, other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    dst = (slot // PAGE) * stride_kp + (slot % PAGE) * stride_ks + h * stride_kh + d
+    tl.store(k_ptr + dst, k.to(k_ptr.dtype.element_ty), mask=live)
+    tl.store(v_ptr + dst, v.to(v_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_lens_ptr, query_start_ptr,
+                             programs_ptr, cos_ptr, sin_ptr, scale, num_tokens, stride_prog,
+                             stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_ot, stride_oh, stride_pt,
+                             stride_ct, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                             HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, ROT: tl.constexpr,
+                             UPCAST: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.load(programs_ptr + pid)
+    first = tl.load(programs_ptr + stride_prog + pid)
+    rows: tl.constexpr = BLOCK_Q * GROUP_PAD
+    r = tl.arange(0, rows)
+    g = r % GROUP_PAD
+    heads = kv_head * GROUP + g
+    d = tl.arange(0, HEAD_DIM)
+    if PDL:  # q comes from the GEMM before, the pages from store_kv
+        tl.extra.cuda.gdc_wait()
+    if seq < 0:
+        if first >= 0:  # padding tokens: zeros
+            t = first + r // GROUP_PAD
+            ok = (t < num_tokens) & (g < GROUP)
+            zero = tl.zeros([rows, HEAD_DIM], tl.float32).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + t[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :], zero,
+                     mask=ok[:, None])
+        return
+    start = tl.load(query_start_ptr + seq)
+    n = tl.load(query_start_ptr + seq + 1) - start
+    ctx = tl.load(context_lens_ptr + seq)
+    t = first + r // GROUP_PAD
+    live = (t < n) & (g < GROUP)
+    pos = ctx - n + t  # each row's position; it sees the keys at positions <= pos
+    q_rows = q_ptr + (start + t)[:, None] * stride_qt + heads[:, None] * stride_qh
+    q = _load_q(q_rows, d[None, :], live[:, None], cos_ptr, sin_ptr, pos[:, None], stride_ct, ROT) * scale
+    if not UPCAST:
+        q = q.to(k_ptr.dtype.element_ty)
+    kv_end = tl.minimum(ctx, ctx - n + first + BLOCK_Q)  # the tile's last position + 1
+    m = tl.full([rows], float("-inf"), tl.float32)
+    denom = tl.zeros([rows], tl.float32)
+    acc = tl.zeros([rows, HEAD_DIM], tl.float32)
+    for block in range(0, tl.cdiv(kv_end, BLOCK_N)):
+        kpos = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        in_ctx = kpos < kv_end
+        page = tl.load(page_table_ptr + seq * stride_pt + kpos // PAGE, mask=in_ctx, other=0).to(tl.int64)
+        base = page[:, None] * stride_kp + (kpos % PAGE)[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
+        k = tl.load(k_ptr + base, mask=in_ctx[:, None], other=0.0)
+        v = tl.load(v_ptr + base, mask=in_ctx[:, None], other=0.0)
+        if UPCAST:  # fp32 inputs, or bf16 in the CPU interpreter
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(kpos[None, :] <= pos[:, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        w = tl.exp(s - m_new[:, None])
+        denom = denom * alpha + tl.sum(w, axis=1)
+        if UPCAST:
+            acc = acc * alpha[:, None] + tl.dot(w, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(w.to(v.dtype), v)
+        m = m_new
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    out = acc / denom[:, None]
+    tl.store(out_ptr + (start + t)[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=live[:, None])
+
+
+def supported(head_dim: int, page_size: int) -> bool:
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and page_size & (page_size - 1) == 0
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+             slot_mapping: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> None:
+    """k, v [T, KVH, D] (any strides, features contiguous): k rotated over the tables' ROT features
+    (cos/sin [positions, ROT], fp32; ROT 0: no rotary) at `positions`, both stored at `slot_mapping`."""
+    t, kvh, d = k.shape
+    page = k_pages.shape[1]
+    _store_kv_kernel[(t,)](
+        k, v, k_pages, v_pages, cos, sin, positions, slot_mapping, kvh, k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), cos.stride(0), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
+        KVH_PAD=triton.next_power_of_2(kvh), HEAD_DIM=d, PAGE=page, ROT=cos.shape[-1],
+        num_warps=min(4, max(1, kvh * d // 512)), **pdl_args())
+
+
+def packed_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
+                     context_lens: torch.Tensor, query_start: torch.Tensor, programs: torch.Tensor, scale: float,
+                     cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, H, D] (unrotated; any strides, features contiguous) -> [T, H, D]. Sequence s's tokens
+    are q[query_start[s]:query_start[s + 1]], the last of its context_lens[s] positions; its keys
+    are in the pages of page_table[s]. `programs` [2, G] (attention.plan_programs) sets the grid; q is
+    rotated with cos/sin [positions, ROT] (ROT 0: q is used as it is)."""
+    t, h, d = q.shape
+    _, page, kvh, _ = k_pages.shape
+    group = h // kvh
+    out = torch.empty_like(q) if out is None else out
+    _packed_attention_kernel[(programs.shape[1], kvh)](
+        q, k_pages, v_pages, out, page_table, context_lens, query_start, programs, cos, sin, scale, t,
+        programs.stride(0), q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
+        out.stride(0), out.stride(1), page_table.stride(0), cos.stride(0),
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=tokens_per_program(group), HEAD_DIM=d, PAGE=page,
+        BLOCK_N=BLOCK_N, ROT=cos.shape[-1], UPCAST=INTERPRET or q.dtype == torch.float32, num_warps=4,
+        num_stages=2, **pdl_args())
+    return out
