@@ -1,7 +1,10 @@
-"""Where a decode step's GPU time goes (H200): a torch.profiler kernel table of eager decode steps
-(graphs off, so kernels are visible), and the paged-decode kernel at the benchmark shape against
-dense SDPA over the same keys. Usage: python scripts/profile_step.py [random:phi-1.5] [streams]"""
+"""Where a step's GPU time goes (H200): a torch.profiler kernel table of eager steps (graphs off, so
+kernels are visible). Decode: `streams` rows, then the paged-decode kernel at the benchmark shape
+against dense SDPA over the same keys. With `--mixed N`: steps of N tokens, `streams` decode rows
+beside prompt chunks (and the same steps with nothing decoding), per-step kernel time by kernel.
+Usage: python scripts/profile_step.py [random:phi-1.5] [streams] [--mixed N]"""
 import sys
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -10,8 +13,49 @@ import triton.testing
 from slipstream import LLM, SamplingParams
 from slipstream.kernels.paged_decode import paged_decode_attention
 
-model = sys.argv[1] if len(sys.argv) > 1 else "random:phi-1.5"
-streams = int(sys.argv[2]) if len(sys.argv) > 2 else 32
+mixed = int(sys.argv.pop(sys.argv.index("--mixed") + 1)) if "--mixed" in sys.argv else None
+args = [a for a in sys.argv[1:] if a != "--mixed"]
+model = args[0] if args else "random:phi-1.5"
+streams = int(args[1]) if len(args) > 1 else 32
+
+
+def mixed_steps(tokens: int, steps: int = 8) -> None:
+    """Kernel time per step of `tokens` tokens: `streams` decode rows beside chunks of a long prompt,
+    then the same prompt with nothing decoding."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with LLM(model, max_num_seqs=streams + steps, cuda_graphs=False, max_prefill_tokens=tokens) as llm:
+        llm.generate([[5] * tokens], SamplingParams(max_tokens=2))  # warm-up
+        for label, decoding in (("beside decode rows", streams), ("nothing decoding", 0)):
+            started, count, lock = threading.Event(), [0], threading.Lock()
+
+            def decoding_now(rid: int, n: int, delta: str) -> None:
+                with lock:
+                    count[0] += n == 2
+                    if count[0] == decoding:
+                        started.set()
+
+            runners = [llm.submit([i + 1] * 64, SamplingParams(max_tokens=3000, ignore_eos=True),
+                                  on_token=decoding_now) for i in range(decoding)]
+            if decoding:
+                started.wait()
+            prompts = [[(i * 31 + j * 13) % 1000 for j in range(tokens - decoding)] for i in range(steps)]
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                llm.generate(prompts, SamplingParams(max_tokens=1))
+            for rid in runners:
+                llm.abort(rid)
+            for rid in runners:
+                llm.result(rid)
+            events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+            total = sum(e.device_time_total for e in events) / steps / 1e3
+            print(f"\n{tokens}-token steps, {label}: {total:.3f} ms of kernels per step")
+            for e in events[:16]:
+                print(f"  {e.device_time_total / steps / 1e3:7.3f} ms  {e.count / steps:6.1f}/step  {e.key[:90]}")
+
+
+if mixed is not None:
+    mixed_steps(mixed)
+    sys.exit(0)
 
 with LLM(model, max_num_seqs=streams, cuda_graphs=False) as llm:
     prompts = [[(i * 7 + j) % 1000 for j in range(64)] for i in range(streams)]

@@ -411,3 +411,22 @@ def test_reference_packed_attention_is_each_token_attending_up_to_its_position()
     seq_of = torch.tensor([s for s, (n, _) in enumerate(chunks) for _ in range(n)])
     ref = dense_reference(c["q"], c["kp"], c["vp"], c["table"][seq_of], c["positions"] + 1, 0.2)
     assert (out.double() - ref).norm() / ref.norm() < 1e-5
+
+
+@pytest.mark.parametrize("rows,n", [(3, 40), (70, 1100)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_kernel_is_silu_of_gate_times_up_over_interleaved_columns(rows, n, dtype):
+    """The prefill steps' SwiGLU after cuBLAS: what the torch path computes (up to the exp's last bit,
+    which may flip a bf16 rounding; the CPU interpreter truncates where the GPU rounds), from a
+    strided view (a GEMM output's rows), across a partial column block."""
+    from slipstream.kernels.activation import swiglu
+    from slipstream.kernels.linear import interleave_gate_up
+
+    g = torch.Generator().manual_seed(rows)
+    gate, up = torch.randn(2, rows, n, generator=g).to(dtype) * 3
+    wide = torch.randn(rows, 2 * n + 5, generator=g).to(dtype)
+    wide[:, : 2 * n] = interleave_gate_up(gate.T, up.T).T  # columns g0, u0, g1, u1, ...
+    out = swiglu(wide.to(DEVICE)[:, : 2 * n])
+    want = torch.nn.functional.silu(gate) * up
+    bf16_tol = 8e-3 if DEVICE == "cuda" else 2e-2
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-5 if dtype == torch.float32 else bf16_tol, atol=1e-5)

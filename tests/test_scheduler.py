@@ -157,6 +157,8 @@ class InvariantChecker:
     def check_step(self, step) -> None:
         sched = self.sched
         assert step.num_tokens <= sched.max_step_tokens  # 1
+        if step.num_decode:
+            assert step.num_tokens - step.num_decode <= sched.max_prefill_chunk  # 1
         decodable = {s.request_id for s in sched.running.values()
                      if not s.finalized and not s.prefilling and s.sampled_launched < s.max_tokens}
         rows = step.seqs[:step.num_decode]
@@ -184,8 +186,9 @@ class InvariantChecker:
 @pytest.mark.parametrize("mode", ["pipelined", "blocking"])
 def test_planning_invariants_hold_at_every_step(tiny_llama, mode):
     """Long prompts (up to ten budgets), short ones, arrivals while others prefill and decode, more
-    requests than rows, EOS zombies and aborts mid-prompt, under a budget of 24 tokens."""
-    core = make_core(tiny_llama, mode, [], num_pages=400, max_prefill_tokens=24)
+    requests than rows, EOS zombies and aborts mid-prompt, under a budget of 24 tokens, 10 of them
+    for prompts while anything decodes."""
+    core = make_core(tiny_llama, mode, [], num_pages=400, max_prefill_tokens=24, max_prefill_chunk=10)
     sched = core.scheduler
     checker = InvariantChecker(core)
     rng = __import__("random").Random(3)

@@ -37,10 +37,11 @@ def main(argv: list[str] | None = None) -> int:
 
     b = sub.add_parser("bench", help="throughput and latency, pipelined vs blocking")
     b.add_argument("--model", default=None)
-    b.add_argument("--workload", default=None, choices=["decode", "short", "zombie", "constrained"] + TRAFFIC,
-                   help="decode (default): tok/s per stream count; mixed: requests of random prompt and output "
-                        "lengths; prefill: prompt tok/s; ttft: one request at a time; interference: decoding while "
-                        "prompts arrive every step")
+    b.add_argument("--workload", type=_csv(str), default=None,
+                   help="decode (default): tok/s per stream count (or short, zombie, constrained); traffic, one or "
+                        "several in one engine, e.g. mixed,prefill: mixed (requests of random prompt and output "
+                        "lengths), prefill (prompt tok/s), ttft (one request at a time), interference (decoding "
+                        "while prompts arrive every step)")
     b.add_argument("--streams", type=_csv(int), default=[1, 8])
     b.add_argument("--mode", type=_csv(str), default=["pipelined", "blocking"])
     b.add_argument("--prompt-tokens", type=int, default=64)
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--max-num-seqs", type=int, default=None,
                    help="engine option (default: the largest --streams; for the traffic workloads the engine's)")
     b.add_argument("--max-prefill-tokens", type=int, default=None, help="engine option: the per-step token budget")
+    b.add_argument("--max-prefill-chunk", type=int, default=None,
+                   help="engine option: prompt tokens a step carries beside decode rows")
+    b.add_argument("--no-cuda-graphs", action="store_true",
+                   help="engine option: run every step eagerly (to measure what the graphs buy)")
     t = b.add_argument_group("traffic workloads (mixed, prefill, ttft, interference)")
     t.add_argument("--requests", type=int, default=384, help="mixed: number of requests")
     t.add_argument("--prompt-range", type=_csv(int), default=[16, 1024], help="mixed: prompt lengths, uniform")
@@ -79,24 +84,29 @@ def main(argv: list[str] | None = None) -> int:
 
             print(write_checkpoint(args.preset, args.out, args.seed))
             return 0
-        engine = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
-                                    ("max_prefill_tokens", args.max_prefill_tokens)) if v is not None}
-        workload = args.workload or ("short" if args.short else "zombie" if args.zombie
-                                     else "constrained" if args.constrained is not None else "decode")
-        if workload in TRAFFIC:
+        engine = {k: v for k, v in (("max_num_seqs", args.max_num_seqs), ("max_prefill_tokens", args.max_prefill_tokens),
+                                    ("max_prefill_chunk", args.max_prefill_chunk),
+                                    ("cuda_graphs", False if args.no_cuda_graphs else None)) if v is not None}
+        workloads = args.workload or ["short" if args.short else "zombie" if args.zombie
+                                      else "constrained" if args.constrained is not None else "decode"]
+        if set(workloads) <= set(TRAFFIC):
             from .bench import traffic
 
             for name, pair in (("--prompt-range", args.prompt_range), ("--output-range", args.output_range)):
                 if len(pair) != 2 or not 1 <= pair[0] <= pair[1]:
                     raise ValueError(f"{name} takes two lengths LOW,HIGH with 1 <= LOW <= HIGH, got {pair}")
-            traffic.run(args.model, workload, args.mode, args.device, args.dtype, args.out, engine, args.requests,
+            traffic.run(args.model, workloads, args.mode, args.device, args.dtype, args.out, engine, args.profile,
+                        args.requests,
                         tuple(args.prompt_range), tuple(args.output_range), traffic.parse_rates(args.request_rate),
                         args.ttft_lengths, max(args.streams), args.prompt_tokens)
-        else:
+        elif len(workloads) == 1 and workloads[0] in ("decode", "short", "zombie", "constrained"):
             from .bench.decode import run
 
             run(args.model, args.streams, args.mode, args.prompt_tokens, args.max_tokens, args.device, args.dtype,
-                args.out, workload, args.profile, args.constrained or [1.0], args.temperature, args.top_p, engine)
+                args.out, workloads[0], args.profile, args.constrained or [1.0], args.temperature, args.top_p, engine)
+        else:
+            raise ValueError(f"--workload: one of decode, short, zombie, constrained, or traffic workloads from "
+                             f"{', '.join(TRAFFIC)}; got {','.join(workloads)}")
         return 0
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"slipstream: error: {e}", file=sys.stderr)

@@ -8,7 +8,7 @@ import torch
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 MODES = ("pipelined", "blocking")
-DEFAULT_STEP_TOKENS = 2048  # the per-step token budget (tuned on the H200: docs/benchmarks.md)
+DEFAULT_STEP_TOKENS = 8192  # the per-step token budget (tuned on the H200: docs/benchmarks.md)
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -47,13 +47,15 @@ class EngineConfig:
     device: str | torch.device | None = None
     dtype: str | torch.dtype = "auto"
     mode: str = "pipelined"
-    max_num_seqs: int = 64
+    max_num_seqs: int = 256  # rows: running sequences and zombies (tuned on the H200: docs/benchmarks.md)
     max_model_len: int | None = None
     page_size: int = 16
     num_pages: int | None = None
     kv_memory_fraction: float = 0.5
     max_prefill_tokens: int | None = None  # a step's token budget: decode rows + prompt chunks (vLLM's
     # max_num_batched_tokens); None: DEFAULT_STEP_TOKENS, or max_num_seqs if that is larger
+    max_prefill_chunk: int = 512  # prompt tokens a step carries beside decode rows: bounds the running
+    # requests' inter-token latency while prompts arrive (steps with nothing decoding use the whole budget)
     cpu_kv_bytes: int = 1 << 30
     cuda_graphs: bool = True
 
@@ -68,6 +70,8 @@ class EngineConfig:
             raise ValueError(f"num_pages must be >= 2 (one is the scratch page), got {self.num_pages}")
         if not 0.0 < self.kv_memory_fraction < 1.0:
             raise ValueError(f"kv_memory_fraction must be in (0, 1), got {self.kv_memory_fraction}")
+        if self.max_prefill_chunk < 1:
+            raise ValueError(f"max_prefill_chunk must be >= 1, got {self.max_prefill_chunk}")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < self.max_num_seqs:
             raise ValueError(f"max_prefill_tokens (the per-step token budget) must be >= max_num_seqs "
                              f"({self.max_num_seqs}), so every running sequence fits one step; got "

@@ -55,6 +55,7 @@ class DeviceLayer:
         if self.is_cuda:
             self.compute_stream = torch.cuda.Stream(device)
             self.copy_stream = torch.cuda.Stream(device)
+            self.upload_stream = torch.cuda.Stream(device)
 
     def enter_loop_thread(self) -> None:
         """Make the compute stream current for the calling (loop) thread, once everything start-up
@@ -78,6 +79,19 @@ class DeviceLayer:
     def upload(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Host-to-device copy from a pinned staging buffer, ordered on the compute stream."""
         dst.copy_(src, non_blocking=True)
+
+    def upload_ahead(self, dst: torch.Tensor, src: torch.Tensor, done: object) -> None:
+        """Host-to-device copy from a pinned staging buffer on the upload stream, so it runs while
+        the compute stream is still busy with the step before; the compute stream waits for it
+        (`done`, an event) before anything queued after this call. The caller guarantees that no
+        queued work still reads `dst` (a slot's buffers are restaged only after its last commit)."""
+        if not self.is_cuda:
+            dst.copy_(src)
+            return
+        with torch.cuda.stream(self.upload_stream):
+            dst.copy_(src, non_blocking=True)
+            done.record(self.upload_stream)
+        self.compute_stream.wait_event(done)
 
     def landing(self, shape: tuple[int, ...], dtype: torch.dtype) -> HostLanding:
         return HostLanding(self, shape, dtype)

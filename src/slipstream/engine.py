@@ -72,7 +72,8 @@ class EngineCore:
         pages_per_seq = self.pool.pages_for(self.max_model_len + 1)
         self.runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, cfg.step_tokens, pages_per_seq,
                                   cfg.cuda_graphs)
-        self.scheduler = Scheduler(self.runner, self.pool, cfg.depth, cfg.max_num_seqs, cfg.step_tokens, on_finish)
+        self.scheduler = Scheduler(self.runner, self.pool, cfg.depth, cfg.max_num_seqs, cfg.step_tokens,
+                                   cfg.max_prefill_chunk, on_finish)
         self._ids = itertools.count()
         self._grammar = None  # the XGrammar backend, built at the first structured-output request
         self._grammar_lock = threading.Lock()
@@ -172,7 +173,7 @@ class LLM:
     """The offline engine: `generate` for batches, `submit`/`result`/`abort` for anything finer."""
 
     def __init__(self, model: str | None = None, device: str | torch.device | None = None,
-                 dtype: str | torch.dtype = "auto", mode: str = "pipelined", max_num_seqs: int = 64,
+                 dtype: str | torch.dtype = "auto", mode: str = "pipelined", max_num_seqs: int = 256,
                  **engine_options) -> None:
         config = EngineConfig(model=model, device=device, dtype=dtype, mode=mode, max_num_seqs=max_num_seqs,
                               **engine_options)

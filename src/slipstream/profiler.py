@@ -16,6 +16,7 @@ class StepProfiler:
     def __init__(self, compute_stream: torch.cuda.Stream, max_steps: int = 1024) -> None:
         self.events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(max_steps)]
         self.kinds: dict[int, str] = {}
+        self.tokens: dict[int, int] = {}
         self.first: int | None = None
         self.ticks: list[tuple[float, float, float]] = []  # (start, end, seconds blocked on a copy event)
         self.mask_fill: list[float] = []  # seconds the CPU spent filling a constrained step's bitmask
@@ -32,6 +33,7 @@ class StepProfiler:
         i = step.index - self.first
         if i < len(self.events):
             self.kinds[i] = step.kind
+            self.tokens[i] = step.num_tokens
             self.events[i][which].record()
 
     def tick(self, start: float, end: float, waited: float) -> None:
@@ -40,8 +42,8 @@ class StepProfiler:
     def steps(self) -> list[dict[str, float]]:
         """Per recorded step: kind and its three GPU timestamps (ms since the origin)."""
         torch.cuda.synchronize()
-        return [{"index": i, "kind": self.kinds[i], **{k: self.origin.elapsed_time(e) for k, e in
-                                                       zip(("start", "forward_end", "end"), self.events[i])}}
+        return [{"index": i, "kind": self.kinds[i], "tokens": self.tokens[i],
+                 **{k: self.origin.elapsed_time(e) for k, e in zip(("start", "forward_end", "end"), self.events[i])}}
                 for i in sorted(self.kinds)]
 
     def summary(self) -> dict[str, float]:
@@ -55,7 +57,11 @@ class StepProfiler:
                     f"{name}_p99_ms": float(np.percentile(xs, 99)) if xs else float("nan")}
 
         prefill = [s for s in steps if s["kind"] == "prefill"]
+        busy = sum(s["end"] - s["start"] for s in steps)
         return {**stats("prefill_gpu", [s["end"] - s["start"] for s in prefill]), "prefill_steps": len(prefill),
+                **stats("prefill_tokens", [s["tokens"] / 1e3 for s in prefill]),  # (in thousands of tokens)
+                **stats("gpu_idle_any", [b["start"] - a["end"] for a, b in zip(steps, steps[1:])]),
+                "gpu_busy_fraction": busy / (steps[-1]["end"] - steps[0]["start"]) if steps else float("nan"),
                 **stats("forward", [s["forward_end"] - s["start"] for s in decode]),
                 **stats("sampling", [s["end"] - s["forward_end"] for s in decode]),
                 **stats("gpu_busy", [s["end"] - s["start"] for s in decode]),

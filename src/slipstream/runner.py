@@ -139,7 +139,8 @@ class ModelRunner:
                       and not (flags.any_random or flags.any_penalty) and flags.logprobs is None)
         if self.profiler is not None:
             self.profiler.mark(step, 0)
-        self.layer.upload(slot.meta_dev, slot.meta_host)
+        # (the slot's previous step has committed, so nothing queued still reads its metadata)
+        self.layer.upload_ahead(slot.meta_dev, slot.meta_host, slot.uploaded_event)
         if step.kind == "prefill":
             self._reset_penalty_rows(step, slot.dev["ids"])
             if self.graphs is not None:

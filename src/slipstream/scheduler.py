@@ -8,9 +8,11 @@ appends nothing and only drops the reference.
 
 Each step is planned under one token budget (`max_step_tokens`): a decode row for every running
 sequence, then chunks of prompts, oldest first — the rest of prompts already admitted, then new
-admissions as rows and pages allow. Planning invariants (each has a test in tests/test_scheduler.py):
-  1. A step carries at most `max_step_tokens` tokens, and every running sequence that still has
-     tokens to produce is a decode row of every step: a prompt never pauses decoding.
+admissions as rows and pages allow — of at most `max_prefill_chunk` tokens in all while anything
+decodes. Planning invariants (each has a test in tests/test_scheduler.py):
+  1. A step carries at most `max_step_tokens` tokens, and at most `max_prefill_chunk` prompt tokens
+     beside decode rows; every running sequence that still has tokens to produce is a decode row
+     of every step: a prompt never pauses decoding for longer than one such step.
   2. A prompt is prefilled in order: each chunk starts where the previous launched chunk ended, and
      only the chunk that ends the prompt samples; a sequence is a decode row only after that.
   3. Admission is first come, first served: a request is admitted only after every earlier one.
@@ -64,12 +66,13 @@ class Sequence:
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, pool: PagePool, depth: int, max_num_seqs: int, max_step_tokens: int,
-                 on_finish: Callable[[Sequence], None]) -> None:
+                 max_prefill_chunk: int, on_finish: Callable[[Sequence], None]) -> None:
         self.runner = runner
         self.pool = pool
         self.pipeline = Pipeline(depth)
         self.max_num_seqs = max_num_seqs
         self.max_step_tokens = max_step_tokens
+        self.max_prefill_chunk = max_prefill_chunk
         self.on_finish = on_finish
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # holds a row and pages: live sequences and zombies
@@ -149,6 +152,8 @@ class Scheduler:
                 elif s.sampled_launched < s.max_tokens:
                     decode.append(s)
         budget = self.max_step_tokens - len(decode)
+        if decode:
+            budget = min(budget, self.max_prefill_chunk)
         chunked, chunks = [], []
         for s in prefilling:  # admitted earlier (in admission order), part of the prompt still to go
             if budget == 0:

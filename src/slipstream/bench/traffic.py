@@ -208,6 +208,12 @@ def run_interference(llm: LLM, streams: int, prompt_tokens: int, steps: int = 20
     return results
 
 
+def _take_profile(llm: LLM, name: str) -> dict[str, dict[str, float]]:
+    """The profiler's summary of what it recorded (once), and the profiler detached."""
+    profiler, llm.core.runner.profiler = llm.core.runner.profiler, None
+    return {name: profiler.summary()} if profiler is not None else {}
+
+
 def format_table(results: list[TrafficResult]) -> str:
     cols = ("workload", "mode", "rate", "req", "out tok/s", "total tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
             "ITL p50/p99 ms", "e2e p50/p99 ms", "steps P/D")
@@ -257,45 +263,58 @@ def parse_rates(values: list[str]) -> list[str]:
     return values
 
 
-def run(model: str | None, workload: str, modes: list[str], device: str | None, dtype: str, out: Path | None,
-        engine_options: dict, requests: int = 384, prompt_range: tuple[int, int] = (16, 1024),
-        output_range: tuple[int, int] = (16, 384), rates: list[str] = ("inf",), ttft_lengths: list[int] = (16, 128,
-        1024, 4000), streams: int = 32, prompt_tokens: int = 1024) -> list[TrafficResult]:
-    """Run a traffic workload in each mode; print a table, write JSON (and a PNG of latency CDFs)."""
+def run(model: str | None, workloads: list[str], modes: list[str], device: str | None, dtype: str,
+        out: Path | None, engine_options: dict, profile: bool = False, requests: int = 384,
+        prompt_range: tuple[int, int] = (16, 1024), output_range: tuple[int, int] = (16, 384),
+        rates: list[str] = ("inf",), ttft_lengths: list[int] = (16, 128, 1024, 4000), streams: int = 32,
+        prompt_tokens: int = 1024) -> list[TrafficResult]:
+    """Run traffic workloads, one engine per mode; print a table, write JSON (and a PNG of latency
+    CDFs). `profile`: the bubble profiler's split over each workload's first run."""
     results: list[TrafficResult] = []
-    engine_stats = {}
+    engine_stats, profiles = {}, {}
     for mode in modes:
         llm = LLM(model, device=device, dtype=dtype, mode=mode, **engine_options)
         try:
+            if profile and not llm.core.layer.is_cuda:
+                raise ValueError("--profile reads CUDA events on the compute stream: it needs a CUDA device")
             run_mixed(llm, 8, (16, 64), (4, 8))  # warm-up
-            if workload == "mixed":
-                capacity = None
-                ordered = [r for r in rates if r != "inf"]
-                if "inf" in rates or any(r.endswith("%") for r in rates):
-                    ordered.insert(0, "inf")  # (the percentages are of its requests/s)
-                for r in ordered:
-                    rate = float("inf") if r == "inf" else float(r[:-1]) / 100 * capacity if r.endswith("%") \
-                        else float(r)
-                    res = run_mixed(llm, requests, prompt_range, output_range, rate)
-                    if r == "inf":
-                        capacity = res.requests_s
-                    results.append(res)
-            elif workload == "prefill":
-                results.extend(run_prefill(llm))
-            elif workload == "ttft":
-                results.extend(run_ttft(llm, list(ttft_lengths)))
-            elif workload == "interference":
-                results.extend(run_interference(llm, streams, prompt_tokens))
-            else:
-                raise ValueError(f"unknown traffic workload {workload!r}")
+            for workload in workloads:
+                if profile:
+                    from ..profiler import StepProfiler
+
+                    llm.core.runner.profiler = StepProfiler(llm.core.layer.compute_stream, max_steps=8192)
+                if workload == "mixed":
+                    capacity = None
+                    ordered = [r for r in rates if r != "inf"]
+                    if "inf" in rates or any(r.endswith("%") for r in rates):
+                        ordered.insert(0, "inf")  # (the percentages are of its requests/s)
+                    for r in ordered:
+                        rate = float("inf") if r == "inf" else float(r[:-1]) / 100 * capacity if r.endswith("%") \
+                            else float(r)
+                        res = run_mixed(llm, requests, prompt_range, output_range, rate)
+                        if r == "inf":
+                            capacity = res.requests_s
+                        results.append(res)
+                        profiles.update(_take_profile(llm, f"{mode} {workload}"))
+                elif workload == "prefill":
+                    results.extend(run_prefill(llm, repeats=1 if profile else 3))
+                elif workload == "ttft":
+                    results.extend(run_ttft(llm, list(ttft_lengths)))
+                elif workload == "interference":
+                    results.extend(run_interference(llm, streams, prompt_tokens))
+                else:
+                    raise ValueError(f"unknown traffic workload {workload!r}")
+                profiles.update(_take_profile(llm, f"{mode} {workload}"))
             engine_stats[mode] = llm.stats()
         finally:
             llm.shutdown()
     print(format_table(results))
+    for name, p in profiles.items():
+        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"results": [asdict(r) for r in results], "engine": engine_stats,
-                                   "engine_options": engine_options}, indent=1))
+                                   "engine_options": engine_options, "profile": profiles}, indent=1))
         plot_latencies(results, out.with_suffix(".png"))
         print(f"wrote {out} and {out.with_suffix('.png')}")
     return results

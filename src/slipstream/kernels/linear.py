@@ -1,8 +1,8 @@
 """The models' linear layer with its neighbours fused: `act(x @ W.T + bias) + residual`.
 
 Decode steps on CUDA (at most MAX_ROWS rows) run the Triton skinny GEMM, one launch with the
-epilogue inside; everything else (long prefills, the CPU) runs the torch reference, whose
-roundings the kernel reproduces."""
+epilogue inside; everything else (longer prefill steps, the CPU) runs the torch reference, whose
+roundings the kernel reproduces (on CUDA with SwiGLU in a kernel of its own, kernels.activation)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -29,17 +29,20 @@ class PendingSum(NamedTuple):
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
                      residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
                      out: torch.Tensor | None = None) -> torch.Tensor:
-    y = F.linear(x, weight, bias)
+    if out is not None and act != "swiglu" and out.dtype == x.dtype:  # the GEMM writes `out` (a view) itself
+        y = torch.addmm(bias, x, weight.t(), out=out) if bias is not None else torch.mm(x, weight.t(), out=out)
+    else:
+        y = F.linear(x, weight, bias)
     if act == "swiglu":
         gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
         y = F.silu(gate) * up
-    elif act is not None:  # (in place on the GEMM's fresh output: no copy of the columns before act_from)
+    elif act is not None:  # (in place on the GEMM's output: no copy of the columns before act_from)
         tail = y[:, act_from:]
         tail.copy_(F.gelu(tail, approximate="tanh" if act == "gelu_tanh" else "none"))
     if residual is not None:
         y = y.add_(residual) if y.dtype == residual.dtype else y + residual
     if out is not None:
-        return out.copy_(y)
+        return y if y is out else out.copy_(y)
     return y if out_dtype is None else y.to(out_dtype)
 
 
@@ -58,6 +61,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             assert residual is not None and act is None and out is None and out_dtype is None
             return PendingSum(skinny_linear(x, weight, defer=True), bias, residual)
         return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out)
+    if act == "swiglu" and triton_rows(x):  # a prefill step on CUDA: cuBLAS, then SwiGLU in one pass
+        from .activation import swiglu
+
+        assert residual is None and out is None and out_dtype is None
+        return swiglu(F.linear(x, weight, bias))
     return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out)
 
 

@@ -6,7 +6,9 @@ the end of its context (`context_lens`, this step's tokens included): its token 
 context - chunk + t and attends causally to every key up to that position, the earlier ones read
 from the pages its earlier chunks (or steps) wrote. Before the attention, `store_kv` rotates the
 step's k and writes k and v into their slots (one launch); the attention kernel rotates q as it
-loads it, so neither q nor k needs a rotary pass of its own.
+loads it, so neither q nor k needs a rotary pass of its own. Each block's page-table entries are
+loaded a block ahead, so no K/V load waits on one (a program's blocks are its critical path: the
+longest chunk's last program walks its whole context).
 
 The grid is a list of programs (`programs`: sequence, first token; attention.plan_programs)
 built on the host, each
@@ -94,13 +96,16 @@ def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, conte
     m = tl.full([rows], float("-inf"), tl.float32)
     denom = tl.zeros([rows], tl.float32)
     acc = tl.zeros([rows, HEAD_DIM], tl.float32)
+    page_row = page_table_ptr + seq * stride_pt
+    kpos = tl.arange(0, BLOCK_N)
+    page = tl.load(page_row + kpos // PAGE, mask=kpos < kv_end, other=0).to(tl.int64)
     for block in range(0, tl.cdiv(kv_end, BLOCK_N)):
-        kpos = block * BLOCK_N + tl.arange(0, BLOCK_N)
         in_ctx = kpos < kv_end
-        page = tl.load(page_table_ptr + seq * stride_pt + kpos // PAGE, mask=in_ctx, other=0).to(tl.int64)
         base = page[:, None] * stride_kp + (kpos % PAGE)[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
         k = tl.load(k_ptr + base, mask=in_ctx[:, None], other=0.0)
         v = tl.load(v_ptr + base, mask=in_ctx[:, None], other=0.0)
+        next_kpos = kpos + BLOCK_N  # the next block's pages, loaded while this block computes
+        page = tl.load(page_row + next_kpos // PAGE, mask=next_kpos < kv_end, other=0).to(tl.int64)
         if UPCAST:  # fp32 inputs, or bf16 in the CPU interpreter
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -115,6 +120,7 @@ def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, conte
         else:
             acc = acc * alpha[:, None] + tl.dot(w.to(v.dtype), v)
         m = m_new
+        kpos = next_kpos
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     out = acc / denom[:, None]
@@ -156,5 +162,5 @@ def packed_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tens
         out.stride(0), out.stride(1), page_table.stride(0), cos.stride(0),
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=tokens_per_program(group), HEAD_DIM=d, PAGE=page,
         BLOCK_N=BLOCK_N, ROT=cos.shape[-1], UPCAST=INTERPRET or q.dtype == torch.float32, num_warps=4,
-        num_stages=2, **pdl_args())
+        num_stages=3, **pdl_args())
     return out
