@@ -59,6 +59,8 @@ def test_bench_traffic_workloads_write_json_and_a_plot(tmp_path, capsys):
                         "--prompt-tokens", "30", "--mode", "blocking", "--out", str(out)]) == 0
     assert [r["workload"] for r in json.loads(out.read_text())["results"]] == [
         "ttft 8", "ttft 40", "decode only", "interference"]
+    assert main(base + ["--workload", "mixed,ttft", "--ttft-lengths", "16,5000"]) == 2  # (before any run)
+    assert "--ttft-lengths asks for 5000-token prompts" in capsys.readouterr().err
     assert main(base + ["--workload", "mixed,short"]) == 2
     assert "--workload: one of decode" in capsys.readouterr().err
     assert main(base + ["--workload", "mixed", "--request-rate", "fast"]) == 2

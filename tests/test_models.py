@@ -18,6 +18,21 @@ def _slots(pages: list[int], positions: range, page: int) -> list[int]:
     return [pages[p // page] * page + p % page for p in positions]
 
 
+def model_over_pages(root, tokenizer, arch: str, device: str, num_pages: int, shuffle: int, **build):
+    """A tiny checkpoint (and its transformers reference) loaded fp32 through the real loader, a KV
+    cache of `num_pages` pages (16 tokens on CUDA, 4 on the CPU), and its pages in scattered order
+    (a sequence's pages are not contiguous)."""
+    tm = build_tiny(root, tokenizer, arch, **build)
+    ckpt = load_checkpoint(root)
+    dev = torch.device(device)
+    cfg = ckpt.config
+    kv = KVCache(cfg.num_layers, num_pages, 16 if device == "cuda" else 4, cfg.num_kv_heads, cfg.head_dim,
+                 torch.float32, dev)
+    free = list(range(1, num_pages))
+    random.Random(shuffle).shuffle(free)
+    return tm, build_model(ckpt, torch.float32, dev, max_len=128), kv, free
+
+
 def packed_inputs(seqs: list[dict], spans: list[tuple[int, int]], page: int, slots: torch.Tensor, cfg,
                   dev: torch.device) -> AttentionInputs:
     """A packed step's attention inputs: sequence i's tokens [start, start + n) for spans[i]."""
@@ -46,16 +61,9 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 def test_prefill_and_decode_logits_match_transformers(tmp_path, tiny_tokenizer, arch, kv_heads, tie, extra, device):
     """On CUDA (fp32) decode runs the Triton kernels: fused GEMMs, norms, rotary + KV write, paged
     attention (pages of 16 tokens; the CPU case uses pages of 4)."""
-    tm = build_tiny(tmp_path, tiny_tokenizer, arch, kv_heads=kv_heads, tie=tie, seed=kv_heads, **extra)
-    ckpt = load_checkpoint(tmp_path)
-    dev = torch.device(device)
-    page = 16 if device == "cuda" else 4
-    model = build_model(ckpt, torch.float32, dev, max_len=128)
-    cfg = ckpt.config
-    kv = KVCache(cfg.num_layers, 64, page, cfg.num_kv_heads, cfg.head_dim, torch.float32, dev)
-    rng = random.Random(1)
-    free = list(range(1, 64))
-    rng.shuffle(free)  # scattered pages: a sequence's pages are not contiguous
+    tm, model, kv, free = model_over_pages(tmp_path, tiny_tokenizer, arch, device, 64, 1, kv_heads=kv_heads, tie=tie,
+                                           seed=kv_heads, **extra)
+    cfg, dev, page, rng = model.config, kv.data.device, kv.page_size, random.Random(1)
     lens = [7, 13, 1]
     decode_steps = 6
     seqs = []
@@ -95,16 +103,8 @@ def test_chunked_prefill_beside_decode_rows_matches_transformers(tmp_path, tiny_
     """Three prompts prefilled in chunks of uneven sizes, packed into one step with one another and
     with decode rows (chunks of one token): the logits at each chunk's last token equal transformers'
     over the whole prefix, whatever the chunk edges (on, before and after page boundaries)."""
-    tm = build_tiny(tmp_path, tiny_tokenizer, arch, kv_heads=kv_heads, seed=9)
-    ckpt = load_checkpoint(tmp_path)
-    dev = torch.device(device)
-    page = 16 if device == "cuda" else 4
-    model = build_model(ckpt, torch.float32, dev, max_len=128)
-    cfg = ckpt.config
-    kv = KVCache(cfg.num_layers, 80, page, cfg.num_kv_heads, cfg.head_dim, torch.float32, dev)
-    rng = random.Random(2)
-    free = list(range(1, 80))
-    rng.shuffle(free)
+    tm, model, kv, free = model_over_pages(tmp_path, tiny_tokenizer, arch, device, 80, 2, kv_heads=kv_heads, seed=9)
+    cfg, dev, page, rng = model.config, kv.data.device, kv.page_size, random.Random(2)
     total = [40, 25, 34]
     seqs = [dict(ids=[rng.randrange(tm.vocab_size) for _ in range(n)], pages=[free.pop() for _ in range(-(-n // page))])
             for n in total]

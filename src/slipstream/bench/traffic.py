@@ -208,6 +208,17 @@ def run_interference(llm: LLM, streams: int, prompt_tokens: int, steps: int = 20
     return results
 
 
+def _check_lengths(llm: LLM, workloads: list[str], prompt_range: tuple[int, int], output_range: tuple[int, int],
+                   ttft_lengths: list[int], prompt_tokens: int) -> None:
+    """Refuse, before any workload runs, prompts that leave the model no room to generate."""
+    limit = llm.core.max_model_len
+    asked = {"mixed": ("--prompt-range", prompt_range[1]), "ttft": ("--ttft-lengths", max(ttft_lengths)),
+             "interference": ("--prompt-tokens", prompt_tokens)}
+    for workload, (flag, longest) in asked.items():
+        if workload in workloads and longest >= limit:
+            raise ValueError(f"{flag} asks for {longest}-token prompts; this model's max_model_len is {limit}")
+
+
 def _take_profile(llm: LLM, name: str) -> dict[str, dict[str, float]]:
     """The profiler's summary of what it recorded (once), and the profiler detached."""
     profiler, llm.core.runner.profiler = llm.core.runner.profiler, None
@@ -277,6 +288,7 @@ def run(model: str | None, workloads: list[str], modes: list[str], device: str |
         try:
             if profile and not llm.core.layer.is_cuda:
                 raise ValueError("--profile reads CUDA events on the compute stream: it needs a CUDA device")
+            _check_lengths(llm, workloads, prompt_range, output_range, ttft_lengths, prompt_tokens)
             run_mixed(llm, 8, (16, 64), (4, 8))  # warm-up
             for workload in workloads:
                 if profile:
