@@ -29,7 +29,7 @@ has anchor && (cd "$R" && OUT=. timeout 150 python3 "$OLDPWD/.anchors/prefill_fl
 for m in $MODELS; do
   M="--model random:$m ${ENGINE_ARGS:-}"
   has traffic && bench "$m.traffic" 360 $M --workload mixed,prefill,ttft,interference --request-rate inf,50%,90% \
-    --ttft-lengths ${TTFT_LENGTHS:-16,128,1024,2000} --streams 32 --prompt-tokens 1024
+    --ttft-lengths ${TTFT_LENGTHS:-16,128,1024,2000} --decoding 32 --arrival-tokens 1024
   has short && bench "$m.short" 120 $M --streams 1,8,32 --prompt-tokens 64 --short
   has decode && OUT=$R timeout 200 bash scripts/ab_bench.sh "$m" 1,32,64 head $(ls .variants 2>/dev/null)
 done

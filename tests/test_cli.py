@@ -55,8 +55,8 @@ def test_bench_traffic_workloads_write_json_and_a_plot(tmp_path, capsys):
         assert 0 < r["ttft_ms_p50"] <= r["ttft_ms_p99"] <= r["e2e_ms_p99"] and r["itl_ms_p50"] > 0
     assert results[1]["rate"] == results[0]["requests_s"] / 2  # 50% of the capacity measured all at once
     assert out.with_suffix(".png").exists() and "TTFT p50/p99" in capsys.readouterr().out
-    assert main(base + ["--workload", "ttft,interference", "--ttft-lengths", "8,40", "--streams", "2",
-                        "--prompt-tokens", "30", "--mode", "blocking", "--out", str(out)]) == 0
+    assert main(base + ["--workload", "ttft,interference", "--ttft-lengths", "8,40", "--decoding", "2",
+                        "--arrival-tokens", "30", "--mode", "blocking", "--out", str(out)]) == 0
     assert [r["workload"] for r in json.loads(out.read_text())["results"]] == [
         "ttft 8", "ttft 40", "decode only", "interference"]
     assert main(base + ["--workload", "mixed,ttft", "--ttft-lengths", "16,5000"]) == 2  # (before any run)

@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="mixed: Poisson arrivals at these requests/s; inf: all at once; P%%: of the capacity "
                         "measured all at once in the same run, e.g. 50%%,90%%")
     t.add_argument("--ttft-lengths", type=_csv(int), default=[16, 128, 1024, 4000], help="ttft: prompt lengths")
+    t.add_argument("--decoding", type=int, default=32, help="interference: requests decoding")
+    t.add_argument("--arrival-tokens", type=int, default=1024, help="interference: the prompt arriving every step")
 
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="slipstream: %(message)s")
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             traffic.run(args.model, workloads, args.mode, args.device, args.dtype, args.out, engine, args.profile,
                         args.requests,
                         tuple(args.prompt_range), tuple(args.output_range), traffic.parse_rates(args.request_rate),
-                        args.ttft_lengths, max(args.streams), args.prompt_tokens)
+                        args.ttft_lengths, args.decoding, args.arrival_tokens)
         elif len(workloads) == 1 and workloads[0] in ("decode", "short", "zombie", "constrained"):
             from .bench.decode import run
 

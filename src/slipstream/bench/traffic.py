@@ -7,8 +7,8 @@
 - prefill: 64 prompts of random lengths 16-1024 (the lengths of ../shared/anchors/prefill_floor.py)
   and 64 prompts of their mean length, one output token each: prompt tok/s.
 - ttft: one request at a time (light load) per prompt length: TTFT percentiles.
-- interference: `streams` requests decoding while a prompt of `prompt_tokens` tokens arrives at every
-  step: the decoding requests' ITL beside their ITL without arrivals.
+- interference: `decoding` requests decoding while a prompt of `arrival_tokens` tokens arrives at
+  every step: the decoding requests' ITL beside their ITL without arrivals.
 Every token's commit time is taken in the engine's per-token callback (on the loop thread), and its
 text delta handed to a consumer thread, as a server's response writer would receive it."""
 from __future__ import annotations
@@ -173,12 +173,12 @@ def run_ttft(llm: LLM, lengths: list[int], repeats: int = 20, output_tokens: int
     return results
 
 
-def run_interference(llm: LLM, streams: int, prompt_tokens: int, steps: int = 200) -> list[TrafficResult]:
-    """`streams` requests decode `steps` tokens, first alone, then while a `prompt_tokens`-token
-    prompt (one output token) arrives at every commit of the first stream's tokens."""
+def run_interference(llm: LLM, decoding: int, arrival_tokens: int, steps: int = 200) -> list[TrafficResult]:
+    """`decoding` requests decode `steps` tokens, first alone, then while an `arrival_tokens`-token
+    prompt (one output token) arrives at every commit of the first one's tokens."""
     rng = random.Random(12)
-    prompts = _random_prompts(llm, [64] * streams, rng)
-    arrivals = _random_prompts(llm, [prompt_tokens] * 8, rng)
+    prompts = _random_prompts(llm, [64] * decoding, rng)
+    arrivals = _random_prompts(llm, [arrival_tokens] * 8, rng)
     results = []
     for name in ("decode only", "interference"):
         clock, before = TokenClock(), llm.stats()
@@ -209,11 +209,11 @@ def run_interference(llm: LLM, streams: int, prompt_tokens: int, steps: int = 20
 
 
 def _check_lengths(llm: LLM, workloads: list[str], prompt_range: tuple[int, int], output_range: tuple[int, int],
-                   ttft_lengths: list[int], prompt_tokens: int) -> None:
+                   ttft_lengths: list[int], arrival_tokens: int) -> None:
     """Refuse, before any workload runs, prompts that leave the model no room to generate."""
     limit = llm.core.max_model_len
     asked = {"mixed": ("--prompt-range", prompt_range[1]), "ttft": ("--ttft-lengths", max(ttft_lengths)),
-             "interference": ("--prompt-tokens", prompt_tokens)}
+             "interference": ("--arrival-tokens", arrival_tokens)}
     for workload, (flag, longest) in asked.items():
         if workload in workloads and longest >= limit:
             raise ValueError(f"{flag} asks for {longest}-token prompts; this model's max_model_len is {limit}")
@@ -277,8 +277,8 @@ def parse_rates(values: list[str]) -> list[str]:
 def run(model: str | None, workloads: list[str], modes: list[str], device: str | None, dtype: str,
         out: Path | None, engine_options: dict, profile: bool = False, requests: int = 384,
         prompt_range: tuple[int, int] = (16, 1024), output_range: tuple[int, int] = (16, 384),
-        rates: list[str] = ("inf",), ttft_lengths: list[int] = (16, 128, 1024, 4000), streams: int = 32,
-        prompt_tokens: int = 1024) -> list[TrafficResult]:
+        rates: list[str] = ("inf",), ttft_lengths: list[int] = (16, 128, 1024, 4000), decoding: int = 32,
+        arrival_tokens: int = 1024) -> list[TrafficResult]:
     """Run traffic workloads, one engine per mode; print a table, write JSON (and a PNG of latency
     CDFs). `profile`: the bubble profiler's split over each workload's first run."""
     results: list[TrafficResult] = []
@@ -288,7 +288,7 @@ def run(model: str | None, workloads: list[str], modes: list[str], device: str |
         try:
             if profile and not llm.core.layer.is_cuda:
                 raise ValueError("--profile reads CUDA events on the compute stream: it needs a CUDA device")
-            _check_lengths(llm, workloads, prompt_range, output_range, ttft_lengths, prompt_tokens)
+            _check_lengths(llm, workloads, prompt_range, output_range, ttft_lengths, arrival_tokens)
             run_mixed(llm, 8, (16, 64), (4, 8))  # warm-up
             for workload in workloads:
                 if profile:
@@ -313,7 +313,7 @@ def run(model: str | None, workloads: list[str], modes: list[str], device: str |
                 elif workload == "ttft":
                     results.extend(run_ttft(llm, list(ttft_lengths)))
                 elif workload == "interference":
-                    results.extend(run_interference(llm, streams, prompt_tokens))
+                    results.extend(run_interference(llm, decoding, arrival_tokens))
                 else:
                     raise ValueError(f"unknown traffic workload {workload!r}")
                 profiles.update(_take_profile(llm, f"{mode} {workload}"))
