@@ -402,15 +402,19 @@ def test_packed_attention_is_rotary_then_write_then_causal_attention_over_the_pa
 
 def test_reference_packed_attention_is_each_token_attending_up_to_its_position():
     """The torch path against float64 dense attention, one query token at a time (its context ends
-    at its own position)."""
+    at its own position); padding tokens after the last chunk, and a step of padding alone, get zeros."""
     from slipstream.kernels.attention import packed_attention_reference
 
     chunks = PACKED_CHUNKS[0]
     c = packed_case(chunks, 8, 2, 32, 16, torch.float32, seed=5, rot=32)
-    out = packed_attention_reference(c["q"], c["kp"], c["vp"], c["table"], chunks, 0.2)
+    real = len(c["positions"])
+    q = torch.cat([c["q"], torch.randn(7, 8, 32)])
+    out = packed_attention_reference(q, c["kp"], c["vp"], c["table"], chunks, 0.2)
     seq_of = torch.tensor([s for s, (n, _) in enumerate(chunks) for _ in range(n)])
     ref = dense_reference(c["q"], c["kp"], c["vp"], c["table"][seq_of], c["positions"] + 1, 0.2)
-    assert (out.double() - ref).norm() / ref.norm() < 1e-5
+    assert (out[:real].double() - ref).norm() / ref.norm() < 1e-5
+    assert (out[real:] == 0).all()
+    assert (packed_attention_reference(q, c["kp"], c["vp"], c["table"], [], 0.2) == 0).all()
 
 
 @pytest.mark.parametrize("rows,n", [(3, 40), (70, 1100)])

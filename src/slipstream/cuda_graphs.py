@@ -27,6 +27,7 @@ log = logging.getLogger("slipstream")
 
 class StepGraphs:
     def __init__(self, runner: "ModelRunner", decode_buckets: list[int], token_buckets: list[int]) -> None:
+        """`token_buckets` may be empty: prefill steps then run eagerly."""
         self.decode: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.packed: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.token_buckets = token_buckets
@@ -46,34 +47,35 @@ class StepGraphs:
         torch.cuda.empty_cache()  # (capture empties the cache too): what grows from here is the graphs' pool
         before = torch.cuda.memory_reserved()
         pool = torch.cuda.graph_pool_handle()
-        todo = [(slot, n, "packed") for slot in runner.slots for n in token_buckets]
-        todo += [(slot, b, fused) for slot in runner.slots for b in decode_buckets for fused in (False, True)]
-        staged = None
-        for slot, n, kind in tqdm(todo, desc="capturing CUDA graphs", unit="graph", leave=False):
-            if staged != (slot.index, kind == "packed"):
-                staged = (slot.index, kind == "packed")
-                runner.stage_padding(slot, max(token_buckets) if kind == "packed" else max(decode_buckets),
-                                     packed=kind == "packed")
+
+        def capture(forward, *args, fused: bool = False) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
-                if kind == "packed":
-                    logits = runner.packed_forward(slot, n, runner.logit_rows(n))
-                else:
-                    logits = runner.decode_forward(slot, n, width)
-                    if kind:
-                        runner.greedy_tail(slot, n, logits)
-            if kind == "packed":
-                self.packed[(slot.index, n)] = (graph, logits)
-            else:
-                self.decode[(slot.index, n, kind)] = (graph, logits)
+                logits = forward(*args)
+                if fused:
+                    runner.greedy_tail(args[0], args[1], logits)
+            return graph, logits
+
+        bar = tqdm(total=len(runner.slots) * (len(token_buckets) + 2 * len(decode_buckets)),
+                   desc="capturing CUDA graphs", unit="graph", leave=False)
+        for slot in runner.slots:
+            for n in token_buckets:
+                self.packed[(slot.index, n)] = capture(runner.packed_forward, slot, n, runner.logit_rows(n))
+                bar.update()
+            for b in decode_buckets:
+                for fused in (False, True):
+                    self.decode[(slot.index, b, fused)] = capture(runner.decode_forward, slot, b, width, fused=fused)
+                    bar.update()
+        bar.close()
         with torch.cuda.stream(stream):  # the first replay uploads a graph to the device: do it now, on padding
             for slot in runner.slots:
-                runner.stage_padding(slot, max(token_buckets), packed=True)
                 for n in token_buckets:
+                    runner.stage_padding(slot, n, packed=True)
                     self.packed[(slot.index, n)][0].replay()
                 runner.stage_padding(slot, max(decode_buckets))
-            for graph, _ in self.decode.values():
-                graph.replay()
+                for b in decode_buckets:
+                    for fused in (False, True):
+                        self.decode[(slot.index, b, fused)][0].replay()
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
         self.memory_bytes = torch.cuda.memory_reserved() - before

@@ -18,7 +18,7 @@ import torch
 from .device import DeviceLayer
 from .kv_cache import SCRATCH_PAGE, KVCache
 from .kernels import triton_rows
-from .kernels.attention import AttentionInputs, num_programs, plan_programs, tokens_per_program
+from .kernels.attention import AttentionInputs, num_programs, plan_programs, tokens_per_program, triton_serves
 from .models.llama import CausalLM
 from .pipeline import Step
 from .sampling import SamplerInputs, sample, top_logprobs
@@ -87,8 +87,12 @@ class ModelRunner:
             from .cuda_graphs import StepGraphs
 
             buckets = sorted({decode_bucket(n, max_num_seqs) for n in range(1, max_num_seqs + 1)})
-            self.graphs = StepGraphs(self, buckets, token_buckets(max_step_tokens))
-        elif layer.is_cuda:
+            # prefill steps are captured only where the packed kernel serves them (the torch path
+            # reads host lengths); otherwise they run eagerly
+            packed = token_buckets(max_step_tokens) if triton_serves(True, cfg.head_dim, self.page_size) else []
+            self.graphs = StepGraphs(self, buckets, packed)
+        self.prefill_captured = self.graphs is not None and bool(self.graphs.token_buckets)
+        if layer.is_cuda and not self.prefill_captured:
             self._warm_up(token_buckets(max_step_tokens)[:4])
 
     def _warm_up(self, token_counts: list[int]) -> None:
@@ -116,7 +120,7 @@ class ModelRunner:
         sampled = step.sampled
         if step.kind == "prefill":
             tokens = step.num_tokens
-            padded = self.graphs.token_bucket(tokens) if self.graphs is not None else tokens
+            padded = self.graphs.token_bucket(tokens) if self.prefill_captured else tokens
             rows = step.num_rows = len(sampled)
             self._stage_packed(step, slot, padded)
         else:
@@ -143,7 +147,7 @@ class ModelRunner:
         self.layer.upload_ahead(slot.meta_dev, slot.meta_host, slot.uploaded_event)
         if step.kind == "prefill":
             self._reset_penalty_rows(step, slot.dev["ids"])
-            if self.graphs is not None:
+            if self.prefill_captured:
                 logits = self.graphs.replay_packed(slot.index, padded)
             else:
                 logits = self.packed_forward(slot, padded, max(1, rows))
@@ -192,8 +196,7 @@ class ModelRunner:
         h["ids"][:n_dec] = -1 - rows[:n_dec]
         for s, (a, n), t in zip(seqs[n_dec:], step.chunks, query_start[n_dec:-1]):
             h["ids"][t:t + n] = s.prompt_ids[a:a + n]
-        pad = slice(tokens, padded)
-        h["ids"][pad], h["positions"][pad], h["slot_mapping"][pad] = 0, 0, SCRATCH_PAGE * ps
+        self._pad_tokens(h, slice(tokens, padded))
         final = np.ones(n_seqs, bool)
         final[n_dec:] = [a + n == len(s.prompt_ids) for s, (a, n) in zip(seqs[n_dec:], step.chunks)]
         n_sampled = len(step.sampled)
@@ -202,9 +205,12 @@ class ModelRunner:
         self._plan_programs(h, lens, padded)
         slot.host_lens = list(zip(lens.tolist(), ends.tolist()))
 
+    def _grid(self, tokens: int) -> int:
+        """The packed attention's programs for a prefill step of `tokens` tokens (padding included)."""
+        return num_programs(tokens, self.logit_rows(tokens), self.tokens_per_program)
+
     def _plan_programs(self, h: dict[str, np.ndarray], lens: np.ndarray, padded: int) -> None:
-        grid = num_programs(padded, self.logit_rows(padded), self.tokens_per_program)
-        plan_programs(lens, self.tokens_per_program, padded, h["programs"][:, :grid])
+        plan_programs(lens, self.tokens_per_program, padded, h["programs"][:, :self._grid(padded)])
 
     def packed_forward(self, slot: DecodeSlot, tokens: int, logit_rows: int) -> torch.Tensor:
         """The forward of a prefill step of `tokens` tokens (padding included) over the slot's staged
@@ -212,9 +218,8 @@ class ModelRunner:
         d = slot.dev
         ids = d["ids"][:tokens]
         ids = torch.where(ids >= 0, ids, self.last_tokens[(-1 - ids).clamp(min=0)])
-        grid = num_programs(tokens, self.logit_rows(tokens), self.tokens_per_program)
         attn = AttentionInputs(d["slot_mapping"][:tokens], d["page_table"], d["context_lens"], d["query_start"],
-                               d["programs"][:, :grid], slot.host_lens)
+                               d["programs"][:, :self._grid(tokens)], slot.host_lens)
         return self.model(ids, d["positions"][:tokens], attn, self.kv, d["logits_index"][:logit_rows],
                           slot.logits_buffer)
 
@@ -244,13 +249,17 @@ class ModelRunner:
         h = slot.host
         self._pad_rows(h, slice(0, min(rows, self.max_rows)), self.max_pages_per_seq)
         if packed:
-            h["ids"][:rows], h["positions"][:rows], h["slot_mapping"][:rows] = 0, 0, SCRATCH_PAGE * self.page_size
+            self._pad_tokens(h, slice(0, rows))
             h["logits_index"][: self.logit_rows(rows)] = 0
             self._plan_programs(h, np.zeros(0, np.int64), rows)
             slot.host_lens = []
         for name in _PER_ROW_PARAMS:
             h[name][: min(rows, self.max_rows)] = _NEUTRAL[name]
         self.layer.upload(slot.meta_dev, slot.meta_host)
+
+    def _pad_tokens(self, h: dict[str, np.ndarray], pad: slice) -> None:
+        """Padding tokens of a prefill step: token 0 at position 0, its KV into the scratch page."""
+        h["ids"][pad], h["positions"][pad], h["slot_mapping"][pad] = 0, 0, SCRATCH_PAGE * self.page_size
 
     def _pad_rows(self, h: dict[str, np.ndarray], pad: slice, width: int) -> None:
         h["positions"][pad] = 0

@@ -97,7 +97,7 @@ def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ro
     """Rotary on q and k, the KV write into the pages, then attention: [tokens, heads, head_dim] in
     and out (into `out` when given). On CUDA a decode step runs all of it in one Triton kernel and
     a packed step in two (store_kv, packed_attention); everything else runs the torch path."""
-    if q.is_cuda and _triton_serves(attn.packed, q.shape[-1], pages[0].shape[1]):
+    if q.is_cuda and triton_serves(attn.packed, q.shape[-1], pages[0].shape[1]):
         if not attn.packed:
             from .paged_decode import paged_decode_attention
 
@@ -117,8 +117,9 @@ def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ro
     return o if out is None else out.copy_(o)
 
 
-def _triton_serves(packed: bool, head_dim: int, page_size: int) -> bool:
-    """The Triton kernels serve CUDA steps where their tile shapes fit (else the reference)."""
+def triton_serves(packed: bool, head_dim: int, page_size: int) -> bool:
+    """The Triton kernels serve CUDA steps where their tile shapes fit (else the reference, which a
+    packed step runs from host lengths: such steps cannot be captured in a graph)."""
     if not HAS_TRITON:
         return False
     if packed:
@@ -140,8 +141,9 @@ def packed_attention_reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: 
                                ) -> torch.Tensor:
     """kernels.packed_attention's contract in torch, with q rotated and the step's KV already in the
     pages: q [T, H, D]; sequence s has host_lens[s] = (n, context): its n tokens are the last n
-    positions of its context, each attending to the keys at positions up to its own."""
-    outs, start = [], 0
+    positions of its context, each attending to the keys at positions up to its own. Tokens after
+    the last sequence's (a step's padding) get zeros."""
+    out, start = torch.zeros_like(q), 0
     page = k_pages.shape[1]
     for s, (n, ctx) in enumerate(host_lens):
         pages = page_table[s, : -(-ctx // page)]
@@ -149,9 +151,9 @@ def packed_attention_reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: 
         qs = q[start:start + n].transpose(0, 1)
         causal = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
         o = F.scaled_dot_product_attention(qs, k, v, attn_mask=causal, scale=scale, enable_gqa=k.shape[0] != q.shape[1])
-        outs.append(o.transpose(0, 1))
+        out[start:start + n] = o.transpose(0, 1)
         start += n
-    return torch.cat(outs) if len(outs) > 1 else outs[0]
+    return out
 
 
 def decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
