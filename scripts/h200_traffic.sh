@@ -4,7 +4,7 @@
 # workloads in one engine per mode (mixed all at once and as Poisson arrivals at 50% and 90% of its
 # capacity, prefill tok/s, TTFT at light load, decoding while 1024-token prompts arrive), --short, and
 # the decode table against the source tree carried as .variants/base (scripts/ab_bench.sh);
-# pipelined beside blocking. STAGES and MODELS pick a subset; ENGINE_ARGS go to every bench.
+# pipelined beside blocking. STAGES, MODELS and WORKLOADS pick a subset; ENGINE_ARGS go to every bench.
 # Each stage has a time limit so the run fits one device call; everything lands in $OUT/traffic.tgz.
 set -uo pipefail
 export PYTHONPATH=src SLIPSTREAM_CACHE=/tmp/slipstream-cache PYTHONUNBUFFERED=1
@@ -28,7 +28,7 @@ fi
 has anchor && (cd "$R" && OUT=. timeout 150 python3 "$OLDPWD/.anchors/prefill_floor.py") 2>&1 | tail -5 | tee "$R/prefill_floor.txt"
 for m in $MODELS; do
   M="--model random:$m ${ENGINE_ARGS:-}"
-  has traffic && bench "$m.traffic" 360 $M --workload mixed,prefill,ttft,interference --request-rate inf,50%,90% \
+  has traffic && bench "$m.traffic" 360 $M --workload ${WORKLOADS:-mixed,prefill,ttft,interference} --request-rate inf,50%,90% \
     --ttft-lengths ${TTFT_LENGTHS:-16,128,1024,2000} --decoding 32 --arrival-tokens 1024
   has short && bench "$m.short" 120 $M --streams 1,8,32 --prompt-tokens 64 --short
   has decode && OUT=$R timeout 200 bash scripts/ab_bench.sh "$m" 1,32,64 head $(ls .variants 2>/dev/null)

@@ -38,9 +38,10 @@ def test_cuda_engine_matches_transformers(tiny_llama, mode, graphs):
 def test_cuda_chunked_prefill_matches_transformers(tiny_llama, graphs):
     """Long prompts prefilled in chunks of a 32-token budget beside decode rows, staggered arrivals,
     more requests than rows: the packed kernels (and their graphs per token bucket) give the
-    transformers answer, and every page comes back."""
+    transformers answer, and every page comes back. The 500-token prompt's last chunks walk more
+    than MIN_SPLIT_BLOCKS key blocks a tile, so their keys are split over programs and merged."""
     rng = random.Random(8)
-    prompts = [[rng.randrange(tiny_llama.vocab_size) for _ in range(n)] for n in CHUNKED_LENS]
+    prompts = [[rng.randrange(tiny_llama.vocab_size) for _ in range(n)] for n in CHUNKED_LENS + [500]]
     params = [SamplingParams(max_tokens=rng.randint(2, 10)) for _ in prompts]
     with cuda_llm(tiny_llama, max_num_seqs=3, max_prefill_tokens=32, cuda_graphs=graphs) as llm:
         outs = staggered(llm, prompts, params)

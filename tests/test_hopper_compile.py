@@ -21,7 +21,7 @@ def test_every_kernel_compiles_for_sm90():
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     compiled = run.stdout.split()
     for kernel in ("_skinny_linear_kernel", "_paged_decode_kernel", "_norm_kernel", "_sample_kernel", "_store_kv_kernel",
-                   "_packed_attention_kernel", "_swiglu_kernel"):
+                   "_packed_attention_kernel", "_swiglu_kernel", "_gelu_columns_kernel"):
         assert kernel in compiled, compiled
 
 
@@ -62,7 +62,7 @@ def main() -> None:
     import slipstream.kernels as kernels
     from slipstream.kernels import paged_decode
     from slipstream.kernels.linear import PendingSum
-    from slipstream.kernels.activation import swiglu
+    from slipstream.kernels.activation import gelu_columns, swiglu
     from slipstream.kernels.norm import add_rms_norm, layer_norm, rms_norm
     from slipstream.kernels.packed_attention import packed_attention, store_kv
     from slipstream.kernels.sample import fused_sample
@@ -98,7 +98,8 @@ def main() -> None:
     paged_decode.paged_decode_attention(mk(32, 32, 64), *mha_pages, table, lens, 0.125,
                                         new_token=(mk(32, 32, 64), mk(32, 32, 64), cos[..., :32], sin[..., :32], slots))
     swiglu(mk(512, 9728))
-    tokens, programs = torch.arange(512), torch.zeros(2, 600, dtype=torch.int64)
+    gelu_columns(mk(512, 14336), "gelu_tanh", 6144, out=mk(512, 16384)[:, :14336])
+    tokens, programs = torch.arange(512), torch.zeros(7, 600, dtype=torch.int64)
     qkv = mk(512, 18, 64)  # a Qwen prefill step's projected q/k/v: strided views
     store_kv(qkv[:, 14:16], qkv[:, 16:], cos, sin, tokens, tokens, *pages)
     packed_attention(qkv[:, :14], *pages, table, lens, torch.arange(33), programs, 0.125, cos, sin)  # GQA

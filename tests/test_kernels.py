@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -351,18 +352,21 @@ def packed_case(chunks, h, kvh, d, page, dtype, seed, rot):
 # decode rows (chunks of one token), and chunks longer than a program's block of tokens
 PACKED_CHUNKS = [[(5, 5), (1, 40), (17, 17), (16, 48), (1, 1), (70, 135)],
                  [(64, 64), (33, 97), (1, 129), (9, 200)]]
+LONG_CHUNKS = [(3, 3), (40, 700), (1, 390)]  # tiles walking more than MIN_SPLIT_BLOCKS key blocks
 
 
 @pytest.mark.parametrize("h,kvh,d,rot", [(4, 4, 64, 32), (14, 2, 64, 64), (8, 2, 32, 32), (4, 1, 128, 128)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("chunks", PACKED_CHUNKS)
-@pytest.mark.parametrize("padding", [0, 11])
+@pytest.mark.parametrize("chunks,padding,parallel", [(c, p, 1) for c in PACKED_CHUNKS for p in (0, 11)]
+                         + [(LONG_CHUNKS, 0, 1), (LONG_CHUNKS, 5, 1 << 20)])
 def test_packed_attention_is_rotary_then_write_then_causal_attention_over_the_pages(h, kvh, d, rot, dtype, chunks,
-                                                                                     padding):
+                                                                                     padding, parallel):
     """store_kv then packed_attention against the torch path (rotary, write_kv, the reference over
     the pages) and float64 dense attention; the chunk's slots are poisoned first, so attention that
-    reads a key before store_kv wrote it shows. Padding tokens after the last chunk get zeros."""
-    from slipstream.kernels.attention import (apply_rotary, num_programs, packed_attention_reference, plan_programs,
+    reads a key before store_kv wrote it shows. Padding tokens after the last chunk get zeros. With
+    `parallel` (tiles the GPU runs at once) huge the planner splits every tile past MIN_SPLIT_BLOCKS
+    key blocks over programs whose partials the last to arrive merges; with it 1 nothing splits."""
+    from slipstream.kernels.attention import (apply_rotary, packed_attention_reference, program_list,
                                               tokens_per_program, write_kv)
     from slipstream.kernels.packed_attention import packed_attention, store_kv
 
@@ -376,8 +380,8 @@ def test_packed_attention_is_rotary_then_write_then_causal_attention_over_the_pa
     cos, sin = c["cos"].to(DEVICE), c["sin"].to(DEVICE)
     lens = torch.tensor([n for n, _ in chunks])
     bq = tokens_per_program(h // kvh)
-    plan = torch.zeros(2, num_programs(q.shape[0], len(chunks), bq), dtype=torch.int64)
-    plan_programs(lens.numpy(), bq, q.shape[0], plan.numpy())
+    plan = torch.tensor(program_list(lens.numpy(), c["ctx"].numpy(), bq, q.shape[0], kvh, parallel))
+    assert (plan[4] >= 0).any() == (parallel > 1 and max(ctx for _, ctx in chunks) > 256)
     out = torch.full_like(q, float("nan"))
     store_kv(k, v, cos, sin, positions, slots, kp, vp)
     packed_attention(q, kp, vp, c["table"].to(DEVICE), c["ctx"].to(DEVICE), c["query_start"].to(DEVICE),
@@ -417,6 +421,42 @@ def test_reference_packed_attention_is_each_token_attending_up_to_its_position()
     assert (packed_attention_reference(q, c["kp"], c["vp"], c["table"], [], 0.2) == 0).all()
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_packed_plan_covers_every_tile_key_block_once_and_splits_only_long_tiles(seed):
+    """plan_programs on random steps (decode rows, chunks of long prompts, padding): each tile's key
+    blocks up to its last token's position are walked by exactly one program; a tile is split only
+    where it walks more blocks than the split size, all its splits name the same first partial and
+    count, partials are numbered densely below the capacity, and the grid bound holds."""
+    from slipstream.kernels.attention import KEY_BLOCK, program_list, split_blocks, split_capacity
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 12))
+    lens = np.where(rng.random(n) < 0.4, 1, rng.integers(1, 600, n))
+    contexts = lens + rng.integers(0, 3000, n)
+    per_program, kv_heads, parallel = int(rng.choice([8, 64])), int(rng.choice([2, 32])), int(rng.choice([1, 20, 500]))
+    tokens = int(lens.sum() + rng.integers(0, 40))
+    plan = program_list(lens, contexts, per_program, tokens, kv_heads, parallel)
+    seq, first, begin, end, part, first_part, count = plan
+    real = seq >= 0
+    walked: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for p in np.flatnonzero(real):
+        walked.setdefault((seq[p], first[p]), []).append((begin[p], end[p]))
+    tiles = [(s, f) for s in range(n) for f in range(0, lens[s], per_program)]
+    assert sorted(walked) == tiles
+    blocks = {(s, f): -(-min(contexts[s], contexts[s] - lens[s] + f + per_program) // KEY_BLOCK) for s, f in tiles}
+    per = split_blocks(np.array(list(blocks.values())), parallel, split_capacity(kv_heads))
+    for tile, spans in walked.items():
+        assert [b for a, z in sorted(spans) for b in range(a, z)] == list(range(blocks[tile]))
+        assert len(spans) == (1 if blocks[tile] <= per else -(-blocks[tile] // per))
+    split = real & (part >= 0)
+    assert sorted(part[split]) == list(range(int(split.sum()))) and split.sum() <= split_capacity(kv_heads)
+    for p in np.flatnonzero(split):
+        mates = split & (seq == seq[p]) & (first == first[p])
+        assert (first_part[mates] == part[mates].min()).all() and (count[mates] == mates.sum()).all()
+    pad_first = first[~real & (first >= 0)]
+    assert list(pad_first) == list(range(int(lens.sum()), tokens, per_program))
+
+
 @pytest.mark.parametrize("rows,n", [(3, 40), (70, 1100)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_swiglu_kernel_is_silu_of_gate_times_up_over_interleaved_columns(rows, n, dtype):
@@ -434,3 +474,23 @@ def test_swiglu_kernel_is_silu_of_gate_times_up_over_interleaved_columns(rows, n
     want = torch.nn.functional.silu(gate) * up
     bf16_tol = 8e-3 if DEVICE == "cuda" else 2e-2
     torch.testing.assert_close(out.cpu(), want, rtol=1e-5 if dtype == torch.float32 else bf16_tol, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,n,act_from", [(3, 40, 0), (70, 1100, 300)])
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_columns_kernel_is_gelu_of_the_trailing_columns_into_a_strided_buffer(rows, n, act_from, act, dtype):
+    """Phi's prefill GELU after cuBLAS: the columns from act_from on are torch's GELU (up to the
+    exp/erf's last bit, which may flip a bf16 rounding), the others copied, written into a view of
+    a wider buffer whose other columns stay untouched, across a partial column block."""
+    from slipstream.kernels.activation import gelu_columns
+
+    g = torch.Generator().manual_seed(rows + n)
+    y = (torch.randn(rows, n, generator=g) * 3).to(dtype)
+    wide = torch.full((rows, n + 7), 5.0, dtype=dtype, device=DEVICE)
+    gelu_columns(y.to(DEVICE), act, act_from, out=wide[:, :n])
+    want = y.clone()
+    want[:, act_from:] = torch.nn.functional.gelu(y[:, act_from:], approximate="tanh" if act == "gelu_tanh" else "none")
+    bf16_tol = 8e-3 if DEVICE == "cuda" else 2e-2
+    torch.testing.assert_close(wide[:, :n].cpu(), want, rtol=1e-5 if dtype == torch.float32 else bf16_tol, atol=1e-5)
+    assert (wide[:, n:] == 5).all()

@@ -17,8 +17,9 @@ import torch
 
 from .device import DeviceLayer
 from .kv_cache import SCRATCH_PAGE, KVCache
-from .kernels import triton_rows
-from .kernels.attention import AttentionInputs, num_programs, plan_programs, tokens_per_program, triton_serves
+from .kernels import sm_count, triton_rows
+from .kernels.attention import (PROGRAMS_PER_SM, AttentionInputs, num_programs, plan_programs, split_capacity,
+                                tokens_per_program, triton_serves)
 from .models.llama import CausalLM
 from .pipeline import Step
 from .sampling import SamplerInputs, sample, top_logprobs
@@ -70,9 +71,12 @@ class ModelRunner:
         self.vocab_size = cfg.vocab_size
         self.max_rows = max_num_seqs
         self.scratch_row = max_num_seqs
+        self.kv_heads = cfg.num_kv_heads
         self.tokens_per_program = tokens_per_program(cfg.num_heads // cfg.num_kv_heads)
-        self.slots = [DecodeSlot(i, layer, max_step_tokens, max_num_seqs, max_pages_per_seq, self.vocab_size)
-                      for i in range(2)]
+        # the packed attention's tiles running at once, which its planner balances long tiles' splits over
+        self.parallel_tiles = max(1, PROGRAMS_PER_SM * sm_count() // self.kv_heads) if layer.is_cuda else 1
+        self.slots = [DecodeSlot(i, layer, max_step_tokens, max_num_seqs, max_pages_per_seq,
+                                 self._grid(max_step_tokens), self.vocab_size) for i in range(2)]
         self.last_tokens = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=layer.device)
         # each row's pages (allocated in full at admission, so fixed while the row is held), on the host
         self.row_pages = np.full((max_num_seqs + 1, max_pages_per_seq), SCRATCH_PAGE, dtype=np.int64)
@@ -202,15 +206,16 @@ class ModelRunner:
         n_sampled = len(step.sampled)
         h["logits_index"][:n_sampled] = query_start[1:][final] - 1
         h["logits_index"][n_sampled:self.logit_rows(padded)] = 0
-        self._plan_programs(h, lens, padded)
+        self._plan_programs(h, lens, ends, padded)
         slot.host_lens = list(zip(lens.tolist(), ends.tolist()))
 
     def _grid(self, tokens: int) -> int:
         """The packed attention's programs for a prefill step of `tokens` tokens (padding included)."""
-        return num_programs(tokens, self.logit_rows(tokens), self.tokens_per_program)
+        return num_programs(tokens, self.logit_rows(tokens), self.tokens_per_program, self.kv_heads)
 
-    def _plan_programs(self, h: dict[str, np.ndarray], lens: np.ndarray, padded: int) -> None:
-        plan_programs(lens, self.tokens_per_program, padded, h["programs"][:, :self._grid(padded)])
+    def _plan_programs(self, h: dict[str, np.ndarray], lens: np.ndarray, contexts: np.ndarray, padded: int) -> None:
+        plan_programs(lens, contexts, self.tokens_per_program, padded, h["programs"][:, :self._grid(padded)],
+                      self.parallel_tiles, split_capacity(self.kv_heads))
 
     def packed_forward(self, slot: DecodeSlot, tokens: int, logit_rows: int) -> torch.Tensor:
         """The forward of a prefill step of `tokens` tokens (padding included) over the slot's staged
@@ -251,7 +256,7 @@ class ModelRunner:
         if packed:
             self._pad_tokens(h, slice(0, rows))
             h["logits_index"][: self.logit_rows(rows)] = 0
-            self._plan_programs(h, np.zeros(0, np.int64), rows)
+            self._plan_programs(h, np.zeros(0, np.int64), np.zeros(0, np.int64), rows)
             slot.host_lens = []
         for name in _PER_ROW_PARAMS:
             h[name][: min(rows, self.max_rows)] = _NEUTRAL[name]

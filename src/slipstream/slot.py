@@ -11,24 +11,26 @@ import numpy as np
 import torch
 
 from .device import DeviceLayer
+from .kernels.attention import PROGRAM_FIELDS
 from .sampling import MAX_LOGPROBS
 
 # (name, length in units of: T = max tokens per step, B = max rows (sequences) per step, B1 = B + 1,
-# G2 = 2 * (T + B + 1) (the packed attention's programs: at most T + B + 1), BP = B * max pages per row)
+# G = the packed attention's program list (PROGRAM_FIELDS x its most programs), BP = B * max pages per row)
 _SECTIONS = (("ids", "T"), ("positions", "T"), ("slot_mapping", "T"), ("rows", "B"), ("context_lens", "B"),
              ("query_start", "B1"), ("logits_index", "B"), ("seeds", "B"), ("token_index", "B"), ("top_k", "B"),
              ("temperature", "B"), ("top_p", "B"), ("min_p", "B"), ("repetition_penalty", "B"),
-             ("presence_penalty", "B"), ("frequency_penalty", "B"), ("programs", "G2"), ("page_table", "BP"))
+             ("presence_penalty", "B"), ("frequency_penalty", "B"), ("programs", "G"), ("page_table", "BP"))
 FLOAT_SECTIONS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
-def _sizes(max_tokens: int, max_rows: int, max_pages: int) -> dict[str, int]:
-    return {"T": max_tokens, "B": max_rows, "B1": max_rows + 1, "G2": 2 * (max_tokens + max_rows + 1),
+def _sizes(max_tokens: int, max_rows: int, max_pages: int, max_programs: int) -> dict[str, int]:
+    return {"T": max_tokens, "B": max_rows, "B1": max_rows + 1, "G": PROGRAM_FIELDS * max_programs,
             "BP": max_rows * max_pages}
 
 
-def _views(buf: torch.Tensor, max_tokens: int, max_rows: int, max_pages: int) -> dict[str, torch.Tensor]:
-    sizes = _sizes(max_tokens, max_rows, max_pages)
+def _views(buf: torch.Tensor, max_tokens: int, max_rows: int, max_pages: int,
+           max_programs: int) -> dict[str, torch.Tensor]:
+    sizes = _sizes(max_tokens, max_rows, max_pages, max_programs)
     out, off = {}, 0
     for name, unit in _SECTIONS:
         n = sizes[unit]
@@ -37,25 +39,25 @@ def _views(buf: torch.Tensor, max_tokens: int, max_rows: int, max_pages: int) ->
     for name in FLOAT_SECTIONS:
         out[name] = out[name].view(torch.float64)
     out["page_table"] = out["page_table"].view(max_rows, max_pages)
-    out["programs"] = out["programs"].view(2, -1)
+    out["programs"] = out["programs"].view(PROGRAM_FIELDS, -1)
     return out
 
 
-def meta_size(max_tokens: int, max_rows: int, max_pages: int) -> int:
-    sizes = _sizes(max_tokens, max_rows, max_pages)
+def meta_size(max_tokens: int, max_rows: int, max_pages: int, max_programs: int) -> int:
+    sizes = _sizes(max_tokens, max_rows, max_pages, max_programs)
     return sum(sizes[unit] for _, unit in _SECTIONS)
 
 
 class DecodeSlot:
     def __init__(self, index: int, layer: DeviceLayer, max_tokens: int, max_rows: int, max_pages: int,
-                 vocab_size: int) -> None:
+                 max_programs: int, vocab_size: int) -> None:
         self.index = index
-        size = meta_size(max_tokens, max_rows, max_pages)
+        size = meta_size(max_tokens, max_rows, max_pages, max_programs)
         self.meta_host = layer.pinned(size, torch.int64)
         self.meta_dev = torch.zeros(size, dtype=torch.int64, device=layer.device)
-        host = _views(self.meta_host, max_tokens, max_rows, max_pages)
+        host = _views(self.meta_host, max_tokens, max_rows, max_pages, max_programs)
         self.host: dict[str, np.ndarray] = {k: v.numpy() for k, v in host.items()}
-        self.dev = _views(self.meta_dev, max_tokens, max_rows, max_pages)
+        self.dev = _views(self.meta_dev, max_tokens, max_rows, max_pages, max_programs)
         words = -(-vocab_size // 32)
         self.mask_host = layer.pinned((max_rows, words), torch.int32)
         self.mask_host_np = self.mask_host.numpy()

@@ -26,7 +26,7 @@ class AttentionInputs:
     page_table: torch.Tensor  # [S, P]: each sequence's pages
     context_lens: torch.Tensor  # [S]: keys each sequence attends to, this step's tokens included
     query_start: torch.Tensor | None = None  # [S + 1] (packed): sequence s's tokens are [query_start[s], [s + 1])
-    programs: torch.Tensor | None = None  # [2, G] (packed): the Triton kernel's grid (packed_attention.plan_programs)
+    programs: torch.Tensor | None = None  # [PROGRAM_FIELDS, G] (packed): the Triton kernel's grid (plan_programs)
     host_lens: list[tuple[int, int]] | None = None  # (tokens, context) per sequence, for the torch path
 
     @property
@@ -35,6 +35,13 @@ class AttentionInputs:
 
 
 PACKED_BLOCK_M = 64  # the packed kernel's query rows (tokens x query heads of a GQA group) per program
+KEY_BLOCK = 64  # keys per iteration of the packed kernel
+MIN_SPLIT_BLOCKS = 4  # a tile's keys are split over programs only in runs of at least this many blocks
+SPLIT_PARTIALS = 1024  # softmax partials (tiles x KV heads) one packed launch may leave for merging
+PROGRAMS_PER_SM = 2  # packed-attention programs resident per SM (registers bound it), for balancing splits
+# a program's fields: sequence (-1: padding), first token, first and end key block it walks, its
+# partial (-1: the tile is not split, the program writes the output), its tile's first partial and count
+PROGRAM_FIELDS = 7
 
 
 def tokens_per_program(group: int) -> int:
@@ -42,25 +49,68 @@ def tokens_per_program(group: int) -> int:
     return max(1, PACKED_BLOCK_M // (1 << (group - 1).bit_length()))
 
 
-def num_programs(num_tokens: int, num_seqs: int, per_program: int) -> int:
+def split_capacity(kv_heads: int) -> int:
+    """Split programs one packed launch may hold (each leaves a partial per KV head)."""
+    return max(8, SPLIT_PARTIALS // kv_heads)
+
+
+def num_programs(num_tokens: int, num_seqs: int, per_program: int, kv_heads: int) -> int:
     """An upper bound on the packed kernel's programs for `num_tokens` tokens (padding included) in at
-    most `num_seqs` sequences, each of whose last block may be partial: a CUDA graph's fixed grid."""
-    return num_tokens // per_program + num_seqs + 1
+    most `num_seqs` sequences, each of whose last tile may be partial, and the split programs: a CUDA
+    graph's fixed grid."""
+    return num_tokens // per_program + num_seqs + 1 + split_capacity(kv_heads)
 
 
-def plan_programs(chunk_lens: np.ndarray, per_program: int, num_tokens: int, out: np.ndarray) -> None:
-    """Fill `out` [2, G] with the packed kernel's programs, (sequence, first token): each chunk's
-    blocks of `per_program` tokens, then padding programs (sequence -1, first token counted from the
-    step's start) up to `num_tokens`, then (-1, -1), which exit at once."""
-    blocks = -(-chunk_lens // per_program)
-    n = int(blocks.sum())
-    out[0, :n] = np.repeat(np.arange(len(chunk_lens)), blocks)
-    out[1, :n] = (np.arange(n) - np.repeat(np.cumsum(blocks) - blocks, blocks)) * per_program
+def split_blocks(blocks: np.ndarray, parallel: int, capacity: int) -> int:
+    """Key blocks per program when tiles walking `blocks` key blocks each are split: about an equal
+    share of the step's blocks over the `parallel` programs the GPU runs at once (so the longest
+    program is no longer than the balanced wave), at least MIN_SPLIT_BLOCKS, and coarser where the
+    split programs would outnumber `capacity`."""
+    per = max(MIN_SPLIT_BLOCKS, -(-int(blocks.sum()) // max(1, parallel)))
+    while int((-(-blocks[blocks > per] // per)).sum()) > capacity:
+        per = per * 3 // 2
+    return per
+
+
+def plan_programs(chunk_lens: np.ndarray, contexts: np.ndarray, per_program: int, num_tokens: int,
+                  out: np.ndarray, parallel: int, capacity: int) -> None:
+    """Fill `out` [PROGRAM_FIELDS, G] with the packed kernel's programs. A tile is `per_program`
+    tokens of one chunk; it walks the key blocks up to its last token's position, and a tile walking
+    more than `split_blocks` blocks is split into programs of that many, which leave softmax partials
+    for the last of them to merge. Then padding programs (sequence -1, first token counted from the
+    step's start) up to `num_tokens`, then (-1, -1), which exit at once. `parallel`: tiles the GPU
+    runs at once (programs per KV head); `capacity`: split_capacity."""
+    tiles = -(-chunk_lens // per_program)
+    seq = np.repeat(np.arange(len(chunk_lens)), tiles)
+    first = (np.arange(len(seq)) - np.repeat(np.cumsum(tiles) - tiles, tiles)) * per_program
+    n, ctx = chunk_lens[seq], contexts[seq]
+    blocks = -(-np.minimum(ctx, ctx - n + first + per_program) // KEY_BLOCK)
+    per = split_blocks(blocks, parallel, capacity) if len(blocks) else 1
+    splits = np.where(blocks > per, -(-blocks // per), 1)
+    g = int(splits.sum())
+    index = np.arange(g) - np.repeat(np.cumsum(splits) - splits, splits)  # each program's split of its tile
+    split = np.repeat(splits > 1, splits)
+    part = np.cumsum(split) - 1
+    out[0, :g], out[1, :g] = np.repeat(seq, splits), np.repeat(first, splits)
+    out[2, :g] = np.where(split, index * per, 0)
+    out[3, :g] = np.where(split, np.minimum((index + 1) * per, np.repeat(blocks, splits)), np.repeat(blocks, splits))
+    out[4, :g] = np.where(split, part, -1)
+    out[5, :g] = np.where(split, part - index, -1)
+    out[6, :g] = np.repeat(splits, splits)
     real = int(chunk_lens.sum())
     pad = -(-(num_tokens - real) // per_program)
-    out[0, n:] = -1
-    out[1, n:n + pad] = real + np.arange(pad) * per_program
-    out[1, n + pad:] = -1
+    out[0, g:] = -1
+    out[1, g:g + pad] = real + np.arange(pad) * per_program
+    out[1, g + pad:] = -1
+    out[2:, g:] = -1
+
+
+def program_list(chunk_lens: np.ndarray, contexts: np.ndarray, per_program: int, num_tokens: int, kv_heads: int,
+                 parallel: int) -> np.ndarray:
+    """plan_programs into a new array of the grid's size (the runner plans into its slot's buffer)."""
+    out = np.zeros((PROGRAM_FIELDS, num_programs(num_tokens, len(chunk_lens), per_program, kv_heads)), np.int64)
+    plan_programs(chunk_lens, contexts, per_program, num_tokens, out, parallel, split_capacity(kv_heads))
+    return out
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Decode steps on CUDA (at most MAX_ROWS rows) run the Triton skinny GEMM, one launch with the
 epilogue inside; everything else (longer prefill steps, the CPU) runs the torch reference, whose
-roundings the kernel reproduces (on CUDA with SwiGLU in a kernel of its own, kernels.activation)."""
+roundings the kernel reproduces (on CUDA with the activation in a kernel of its own after cuBLAS,
+kernels.activation)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -66,6 +67,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
         assert residual is None and out is None and out_dtype is None
         return swiglu(F.linear(x, weight, bias))
+    if act in ("gelu", "gelu_tanh") and triton_rows(x) and residual is None and out_dtype is None:
+        from .activation import gelu_columns  # (Phi's [qkv; fc1] GEMM into its layer's shared buffer)
+
+        return gelu_columns(F.linear(x, weight, bias), act, act_from, out)
     return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out)
 
 

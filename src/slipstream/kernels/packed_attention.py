@@ -7,27 +7,27 @@ context - chunk + t and attends causally to every key up to that position, the e
 from the pages its earlier chunks (or steps) wrote. Before the attention, `store_kv` rotates the
 step's k and writes k and v into their slots (one launch); the attention kernel rotates q as it
 loads it, so neither q nor k needs a rotary pass of its own. Each block's page-table entries are
-loaded a block ahead, so no K/V load waits on one (a program's blocks are its critical path: the
-longest chunk's last program walks its whole context).
+loaded a block ahead, so no K/V load waits on one.
 
-The grid is a list of programs (`programs`: sequence, first token; attention.plan_programs)
-built on the host, each
-covering BLOCK_Q tokens of one sequence for one KV head; a program's tile holds those tokens'
-query heads of the GQA group (BLOCK_Q x GROUP_PAD rows), so GQA reads each K/V block once for the
-group. Programs past the end of the list exit, and padding programs (sequence -1) zero their tokens'
-output: a step padded to a CUDA-graph bucket replays one fixed grid whatever its composition, and
-padding rows carry zeros, not stale memory, into the next GEMM."""
+The grid is a list of programs built on the host (attention.plan_programs), each covering a tile
+of BLOCK_Q tokens of one sequence for one KV head; a tile holds those tokens' query heads of the
+GQA group (BLOCK_Q x GROUP_PAD rows), so GQA reads each K/V block once for the group. A tile walks
+the keys up to its last token's position one block after another, and those walks are the step's
+critical path: a long chunk's last tile walks its whole context (~1.9 us a block on the H200) while
+short tiles are long done. So the planner splits a long tile's keys over several programs, as the
+decode kernel splits long contexts: each leaves a softmax partial and the last to arrive merges
+them (paged_decode._arrive). Programs past the end of the list exit, and padding programs
+(sequence -1) zero their tokens' output: a step padded to a CUDA-graph bucket replays one fixed
+grid whatever its composition, and padding rows carry zeros, not stale memory, into the next GEMM."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRET, pdl_args
-from .attention import tokens_per_program
-from .paged_decode import _load_q, _rope
-
-BLOCK_N = 64  # keys per iteration
+from . import INTERPRET, arrival_counters, pdl_args
+from .attention import KEY_BLOCK, split_capacity, tokens_per_program
+from .paged_decode import _arrive, _load_q, _rope
 
 
 @triton.jit
@@ -58,11 +58,11 @@ def _store_kv_kernel(k_new_ptr, v_new_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, posit
 
 @triton.jit
 def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_lens_ptr, query_start_ptr,
-                             programs_ptr, cos_ptr, sin_ptr, scale, num_tokens, stride_prog,
-                             stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_ot, stride_oh, stride_pt,
-                             stride_ct, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                             HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, ROT: tl.constexpr,
-                             UPCAST: tl.constexpr, PDL: tl.constexpr):
+                             programs_ptr, cos_ptr, sin_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, scale, num_tokens,
+                             capacity, stride_prog, stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_ot,
+                             stride_oh, stride_pt, stride_ct, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                             BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                             ROT: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.load(programs_ptr + pid)
@@ -82,6 +82,9 @@ def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, conte
             tl.store(out_ptr + t[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :], zero,
                      mask=ok[:, None])
         return
+    key_begin = tl.load(programs_ptr + 2 * stride_prog + pid)
+    key_end = tl.load(programs_ptr + 3 * stride_prog + pid)
+    part = tl.load(programs_ptr + 4 * stride_prog + pid)
     start = tl.load(query_start_ptr + seq)
     n = tl.load(query_start_ptr + seq + 1) - start
     ctx = tl.load(context_lens_ptr + seq)
@@ -97,9 +100,9 @@ def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, conte
     denom = tl.zeros([rows], tl.float32)
     acc = tl.zeros([rows, HEAD_DIM], tl.float32)
     page_row = page_table_ptr + seq * stride_pt
-    kpos = tl.arange(0, BLOCK_N)
+    kpos = key_begin * BLOCK_N + tl.arange(0, BLOCK_N)
     page = tl.load(page_row + kpos // PAGE, mask=kpos < kv_end, other=0).to(tl.int64)
-    for block in range(0, tl.cdiv(kv_end, BLOCK_N)):
+    for block in range(key_begin, key_end):
         in_ctx = kpos < kv_end
         base = page[:, None] * stride_kp + (kpos % PAGE)[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
         k = tl.load(k_ptr + base, mask=in_ctx[:, None], other=0.0)
@@ -110,7 +113,9 @@ def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, conte
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(kpos[None, :] <= pos[:, None], s, float("-inf"))
+        # (finite: in a split a row may see no key of a block, or of its whole split; such weights
+        # are dropped by the rescaling once a visible key arrives, here or at the merge)
+        s = tl.where(kpos[None, :] <= pos[:, None], s, -1.0e30)
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
         w = tl.exp(s - m_new[:, None])
@@ -123,9 +128,15 @@ def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, conte
         kpos = next_kpos
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    out = acc / denom[:, None]
-    tl.store(out_ptr + (start + t)[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=live[:, None])
+    out_ptrs = out_ptr + (start + t)[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    if part < 0:
+        tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
+    else:  # one split of a long tile's keys: the last to arrive merges the tile's partials
+        tile = kv_head * capacity + tl.load(programs_ptr + 5 * stride_prog + pid)
+        out, merged = _arrive(part_acc_ptr, part_ml_ptr, arrivals_ptr, tile, part - (tile - kv_head * capacity),
+                              tl.load(programs_ptr + 6 * stride_prog + pid), acc, m, denom, r, d, rows, HEAD_DIM)
+        if merged:
+            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=live[:, None])
 
 
 def supported(head_dim: int, page_size: int) -> bool:
@@ -150,17 +161,22 @@ def packed_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tens
                      cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, D] (unrotated; any strides, features contiguous) -> [T, H, D]. Sequence s's tokens
     are q[query_start[s]:query_start[s + 1]], the last of its context_lens[s] positions; its keys
-    are in the pages of page_table[s]. `programs` [2, G] (attention.plan_programs) sets the grid; q is
-    rotated with cos/sin [positions, ROT] (ROT 0: q is used as it is)."""
+    are in the pages of page_table[s]. `programs` [PROGRAM_FIELDS, G] (attention.plan_programs) sets
+    the grid; q is rotated with cos/sin [positions, ROT] (ROT 0: q is used as it is)."""
     t, h, d = q.shape
     _, page, kvh, _ = k_pages.shape
     group = h // kvh
+    group_pad = triton.next_power_of_2(group)
+    block_q = tokens_per_program(group)
+    capacity = split_capacity(kvh)
     out = torch.empty_like(q) if out is None else out
+    parts = capacity * kvh
+    part_acc = torch.empty((parts, block_q * group_pad, d), dtype=torch.float32, device=q.device)
+    part_ml = torch.empty((parts, 2, block_q * group_pad), dtype=torch.float32, device=q.device)
     _packed_attention_kernel[(programs.shape[1], kvh)](
-        q, k_pages, v_pages, out, page_table, context_lens, query_start, programs, cos, sin, scale, t,
-        programs.stride(0), q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
-        out.stride(0), out.stride(1), page_table.stride(0), cos.stride(0),
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=tokens_per_program(group), HEAD_DIM=d, PAGE=page,
-        BLOCK_N=BLOCK_N, ROT=cos.shape[-1], UPCAST=INTERPRET or q.dtype == torch.float32, num_warps=4,
-        num_stages=3, **pdl_args())
+        q, k_pages, v_pages, out, page_table, context_lens, query_start, programs, cos, sin, part_acc, part_ml,
+        arrival_counters(q.device, parts), scale, t, capacity, programs.stride(0), q.stride(0), q.stride(1),
+        k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), out.stride(0), out.stride(1), page_table.stride(0),
+        cos.stride(0), GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, HEAD_DIM=d, PAGE=page, BLOCK_N=KEY_BLOCK,
+        ROT=cos.shape[-1], UPCAST=INTERPRET or q.dtype == torch.float32, num_warps=4, num_stages=3, **pdl_args())
     return out

@@ -174,29 +174,42 @@ def _group_split(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, part_acc_ptr, par
     if n_splits == 1:
         tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
     else:
-        pair = row * tl.num_programs(1) + kv_head
-        part = pair * tl.num_programs(2)
-        acc_tile = g[:, None] * HEAD_DIM + d[None, :]
-        tl.store(part_acc_ptr + (part + split) * GROUP_PAD * HEAD_DIM + acc_tile, acc)
-        tl.store(part_ml_ptr + (part + split) * 2 * GROUP_PAD + g, m)
-        tl.store(part_ml_ptr + (part + split) * 2 * GROUP_PAD + GROUP_PAD + g, denom)
-        tl.debug_barrier()  # every thread's partial is written before the arrival is counted
-        if tl.atomic_add(arrivals_ptr + pair, 1, sem="acq_rel") == n_splits - 1:
-            m = tl.load(part_ml_ptr + part * 2 * GROUP_PAD + g, cache_modifier=".cg")
-            denom = tl.load(part_ml_ptr + part * 2 * GROUP_PAD + GROUP_PAD + g, cache_modifier=".cg")
-            acc = tl.load(part_acc_ptr + part * GROUP_PAD * HEAD_DIM + acc_tile, cache_modifier=".cg")
-            for other in range(1, n_splits):
-                m_o = tl.load(part_ml_ptr + (part + other) * 2 * GROUP_PAD + g, cache_modifier=".cg")
-                d_o = tl.load(part_ml_ptr + (part + other) * 2 * GROUP_PAD + GROUP_PAD + g, cache_modifier=".cg")
-                acc_o = tl.load(part_acc_ptr + (part + other) * GROUP_PAD * HEAD_DIM + acc_tile,
-                                cache_modifier=".cg")
-                m_new = tl.maximum(m, m_o)
-                alpha, beta = tl.exp(m - m_new), tl.exp(m_o - m_new)
-                denom = denom * alpha + d_o * beta
-                acc = acc * alpha[:, None] + acc_o * beta[:, None]
-                m = m_new
-            tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=live[:, None])
-            tl.atomic_xchg(arrivals_ptr + pair, 0)  # ready for the next launch (and graph replay)
+        parts = (row * tl.num_programs(1) + kv_head) * tl.num_programs(2)
+        out, merged = _arrive(part_acc_ptr, part_ml_ptr, arrivals_ptr, parts, split, n_splits, acc, m, denom, g, d,
+                              GROUP_PAD, HEAD_DIM)
+        if merged:
+            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=live[:, None])
+
+
+@triton.jit
+def _arrive(part_acc_ptr, part_ml_ptr, arrivals_ptr, parts, index, count, acc, m, denom, r, d, ROWS: tl.constexpr,
+            HEAD_DIM: tl.constexpr):
+    """One split of a softmax over keys: leave this split's partial (acc [ROWS, HEAD_DIM], running max
+    m, denominator) as partial `parts + index` of `count`, and count the arrival at counter `parts`.
+    The last split to arrive merges all the partials in split order (deterministic whichever arrives
+    last), resets the counter for the next launch (and graph replay), and returns (output, True);
+    the others return (anything, False)."""
+    tile = r[:, None] * HEAD_DIM + d[None, :]
+    tl.store(part_acc_ptr + (parts + index) * ROWS * HEAD_DIM + tile, acc)
+    tl.store(part_ml_ptr + (parts + index) * 2 * ROWS + r, m)
+    tl.store(part_ml_ptr + (parts + index) * 2 * ROWS + ROWS + r, denom)
+    tl.debug_barrier()  # every thread's partial is written before the arrival is counted
+    merged = tl.atomic_add(arrivals_ptr + parts, 1, sem="acq_rel") == count - 1
+    if merged:
+        m = tl.load(part_ml_ptr + parts * 2 * ROWS + r, cache_modifier=".cg")
+        denom = tl.load(part_ml_ptr + parts * 2 * ROWS + ROWS + r, cache_modifier=".cg")
+        acc = tl.load(part_acc_ptr + parts * ROWS * HEAD_DIM + tile, cache_modifier=".cg")
+        for other in range(1, count):
+            m_o = tl.load(part_ml_ptr + (parts + other) * 2 * ROWS + r, cache_modifier=".cg")
+            d_o = tl.load(part_ml_ptr + (parts + other) * 2 * ROWS + ROWS + r, cache_modifier=".cg")
+            acc_o = tl.load(part_acc_ptr + (parts + other) * ROWS * HEAD_DIM + tile, cache_modifier=".cg")
+            m_new = tl.maximum(m, m_o)
+            alpha, beta = tl.exp(m - m_new), tl.exp(m_o - m_new)
+            denom = denom * alpha + d_o * beta
+            acc = acc * alpha[:, None] + acc_o * beta[:, None]
+            m = m_new
+        tl.atomic_xchg(arrivals_ptr + parts, 0)
+    return acc / denom[:, None], merged
 
 
 @triton.jit
@@ -262,7 +275,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     parts = b * kvh * splits if splits > 1 else 1
     part_acc = torch.empty((parts, group_pad, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((parts, 2, group_pad), dtype=torch.float32, device=q.device)
-    arrivals = arrival_counters(q.device, b * kvh)
+    arrivals = arrival_counters(q.device, parts)
     if new_token is not None:
         k_new, v_new, cos, sin, slots = new_token
         rot = cos.shape[-1]
