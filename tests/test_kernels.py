@@ -62,6 +62,22 @@ def test_paged_decode_kernel_matches_reference(b, h, kvh, d, dtype, pages_per_bl
         assert torch.isfinite(out).all() and err < (1e-5 if dtype == torch.float32 else 1e-2), err
 
 
+@pytest.mark.parametrize("b,h,kvh", [(3, 8, 2), (2, 4, 4)])
+def test_paged_decode_too_many_rows_to_split_walks_each_whole_context(monkeypatch, b, h, kvh):
+    """Where the (row, KV head) pairs fill the GPU the launch does not split, and each program walks
+    its row's whole context, however many splits of blocks_per_split blocks that context spans (it
+    once stopped after the first split and left a partial nobody merged, out of bounds)."""
+    from slipstream.kernels import paged_decode
+
+    monkeypatch.setattr(paged_decode, "_split_below", lambda: 1)
+    q, kp, vp, table, ctx, scale = random_case(b, h, kvh, 64, 16, torch.float32, 3, ctx=[150, 37, 200][:b])
+    out = torch.full_like(q, float("nan"))
+    paged_decode.paged_decode_attention(q, kp, vp, table, ctx, scale, out=out, pages_per_block=1, dot=True,
+                                        blocks_per_split=2)
+    ref = dense_reference(q, kp, vp, table, ctx, scale)
+    assert torch.isfinite(out).all() and (out.double().cpu() - ref).norm() / ref.norm() < 1e-5
+
+
 @pytest.mark.parametrize("page", [4, 16])
 def test_reference_decode_attention_matches_dense(page):
     q, kp, vp, table, ctx, scale = random_case(3, 8, 2, 64, page, torch.float32, 7)

@@ -268,8 +268,9 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     use_dot = group > 1 if dot is None else dot
     group_pad = max(16, triton.next_power_of_2(group))
     out = torch.empty_like(q) if out is None else out
-    splits = 1
+    splits, per_split = 1, 1 << 30  # (unsplit: one program walks a row's whole context)
     if use_dot and b * kvh < _split_below():
+        per_split = blocks_per_split
         splits = triton.cdiv(triton.cdiv(page_table.shape[1], pages_per_block), blocks_per_split)
     # fp32 partials and int32 counters even when nothing splits: the merge is compiled either way
     parts = b * kvh * splits if splits > 1 else 1
@@ -283,7 +284,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         k_new, v_new, cos, sin, slots, rot = q, q, q[:, 0], q[:, 0], context_lens, 0
     _paged_decode_kernel[(b, kvh, splits)](
         q, k_pages, v_pages, out, page_table, context_lens, part_acc, part_ml, arrivals, k_new, v_new, cos, sin, slots,
-        scale, blocks_per_split, q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
+        scale, per_split, q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         out.stride(0), out.stride(1), page_table.stride(0), k_new.stride(0), k_new.stride(1), v_new.stride(0),
         v_new.stride(1), cos.stride(0),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, PAGE=page, PAGES_PER_BLOCK=pages_per_block,
