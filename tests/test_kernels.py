@@ -382,8 +382,7 @@ def test_packed_attention_is_rotary_then_write_then_causal_attention_over_the_pa
     reads a key before store_kv wrote it shows. Padding tokens after the last chunk get zeros. With
     `parallel` (tiles the GPU runs at once) huge the planner splits every tile past MIN_SPLIT_BLOCKS
     key blocks over programs whose partials the last to arrive merges; with it 1 nothing splits."""
-    from slipstream.kernels.attention import (apply_rotary, packed_attention_reference, program_list,
-                                              tokens_per_program, write_kv)
+    from slipstream.kernels.attention import apply_rotary, packed_attention_reference, program_list, write_kv
     from slipstream.kernels.packed_attention import packed_attention, store_kv
 
     c = packed_case(chunks, h, kvh, d, 16, dtype, seed=h + d, rot=rot)
@@ -395,8 +394,7 @@ def test_packed_attention_is_rotary_then_write_then_causal_attention_over_the_pa
         pages.view(-1, kvh, d)[slots] = float("nan")
     cos, sin = c["cos"].to(DEVICE), c["sin"].to(DEVICE)
     lens = torch.tensor([n for n, _ in chunks])
-    bq = tokens_per_program(h // kvh)
-    plan = torch.tensor(program_list(lens.numpy(), c["ctx"].numpy(), bq, q.shape[0], kvh, parallel))
+    plan = torch.tensor(program_list(lens.numpy(), c["ctx"].numpy(), q.shape[0], h, kvh, parallel))
     assert (plan[4] >= 0).any() == (parallel > 1 and max(ctx for _, ctx in chunks) > 256)
     out = torch.full_like(q, float("nan"))
     store_kv(k, v, cos, sin, positions, slots, kp, vp)
@@ -441,17 +439,20 @@ def test_reference_packed_attention_is_each_token_attending_up_to_its_position()
 def test_packed_plan_covers_every_tile_key_block_once_and_splits_only_long_tiles(seed):
     """plan_programs on random steps (decode rows, chunks of long prompts, padding): each tile's key
     blocks up to its last token's position are walked by exactly one program; a tile is split only
-    where it walks more blocks than the split size, all its splits name the same first partial and
-    count, partials are numbered densely below the capacity, and the grid bound holds."""
-    from slipstream.kernels.attention import KEY_BLOCK, program_list, split_blocks, split_capacity
+    where it walks more blocks than the split size, and decode rows never (the kernel walks them
+    whole in a one-query form); all of a tile's splits name the same first partial and
+    count, partials are numbered densely below the capacity, and padding programs follow."""
+    from slipstream.kernels.attention import (KEY_BLOCK, program_list, split_blocks, split_capacity,
+                                              tokens_per_program)
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 12))
     lens = np.where(rng.random(n) < 0.4, 1, rng.integers(1, 600, n))
     contexts = lens + rng.integers(0, 3000, n)
-    per_program, kv_heads, parallel = int(rng.choice([8, 64])), int(rng.choice([2, 32])), int(rng.choice([1, 20, 500]))
+    heads, kv_heads = [(14, 2), (32, 32), (8, 8), (16, 2)][seed % 4]
+    per_program, parallel = tokens_per_program(heads // kv_heads), int(rng.choice([1, 20, 500]))
     tokens = int(lens.sum() + rng.integers(0, 40))
-    plan = program_list(lens, contexts, per_program, tokens, kv_heads, parallel)
+    plan = program_list(lens, contexts, tokens, heads, kv_heads, parallel)
     seq, first, begin, end, part, first_part, count = plan
     real = seq >= 0
     walked: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -461,9 +462,10 @@ def test_packed_plan_covers_every_tile_key_block_once_and_splits_only_long_tiles
     assert sorted(walked) == tiles
     blocks = {(s, f): -(-min(contexts[s], contexts[s] - lens[s] + f + per_program) // KEY_BLOCK) for s, f in tiles}
     per = split_blocks(np.array(list(blocks.values())), parallel, split_capacity(kv_heads))
-    for tile, spans in walked.items():
-        assert [b for a, z in sorted(spans) for b in range(a, z)] == list(range(blocks[tile]))
-        assert len(spans) == (1 if blocks[tile] <= per else -(-blocks[tile] // per))
+    for (s, f), spans in walked.items():
+        assert [b for a, z in sorted(spans) for b in range(a, z)] == list(range(blocks[s, f]))
+        whole = blocks[s, f] <= per or lens[s] == 1
+        assert len(spans) == (1 if whole else -(-blocks[s, f] // per))
     split = real & (part >= 0)
     assert sorted(part[split]) == list(range(int(split.sum()))) and split.sum() <= split_capacity(kv_heads)
     for p in np.flatnonzero(split):

@@ -10,7 +10,7 @@ import torch
 
 from conftest import build_tiny, hf_logits
 from slipstream.kv_cache import KVCache
-from slipstream.kernels.attention import AttentionInputs, program_list, tokens_per_program
+from slipstream.kernels.attention import AttentionInputs, program_list
 from slipstream.models.loader import build_model, load_checkpoint
 
 
@@ -39,9 +39,8 @@ def packed_inputs(seqs: list[dict], spans: list[tuple[int, int]], page: int, slo
     lens = np.array([n for _, n in spans])
     width = max(-(-(a + n) // page) for a, n in spans)
     table = torch.tensor([(s["pages"] + [0] * width)[:width] for s in seqs], device=dev)
-    per_program = tokens_per_program(cfg.num_heads // cfg.num_kv_heads)
     ends = np.array([a + n for a, n in spans])
-    programs = program_list(lens, ends, per_program, int(lens.sum()), cfg.num_kv_heads, 1 << 20)  # tiles past MIN_SPLIT_BLOCKS split
+    programs = program_list(lens, ends, int(lens.sum()), cfg.num_heads, cfg.num_kv_heads, 1 << 20)  # long tiles split
     return AttentionInputs(slots, table, torch.tensor([a + n for a, n in spans], device=dev),
                            torch.tensor(np.concatenate([[0], np.cumsum(lens)]), device=dev),
                            torch.tensor(programs, device=dev), [(n, a + n) for a, n in spans])

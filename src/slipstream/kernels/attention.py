@@ -77,16 +77,17 @@ def plan_programs(chunk_lens: np.ndarray, contexts: np.ndarray, per_program: int
     """Fill `out` [PROGRAM_FIELDS, G] with the packed kernel's programs. A tile is `per_program`
     tokens of one chunk; it walks the key blocks up to its last token's position, and a tile walking
     more than `split_blocks` blocks is split into programs of that many, which leave softmax partials
-    for the last of them to merge. Then padding programs (sequence -1, first token counted from the
-    step's start) up to `num_tokens`, then (-1, -1), which exit at once. `parallel`: tiles the GPU
-    runs at once (programs per KV head); `capacity`: split_capacity."""
+    for the last of them to merge (not decode rows, chunks of one token: the kernel runs them in a
+    one-query form that walks the whole context). Then padding programs (sequence -1, first token
+    counted from the step's start) up to `num_tokens`, then (-1, -1), which exit at once.
+    `parallel`: tiles the GPU runs at once (programs per KV head); `capacity`: split_capacity."""
     tiles = -(-chunk_lens // per_program)
     seq = np.repeat(np.arange(len(chunk_lens)), tiles)
     first = (np.arange(len(seq)) - np.repeat(np.cumsum(tiles) - tiles, tiles)) * per_program
     n, ctx = chunk_lens[seq], contexts[seq]
     blocks = -(-np.minimum(ctx, ctx - n + first + per_program) // KEY_BLOCK)
     per = split_blocks(blocks, parallel, capacity) if len(blocks) else 1
-    splits = np.where(blocks > per, -(-blocks // per), 1)
+    splits = np.where((blocks > per) & (n > 1), -(-blocks // per), 1)
     g = int(splits.sum())
     index = np.arange(g) - np.repeat(np.cumsum(splits) - splits, splits)  # each program's split of its tile
     split = np.repeat(splits > 1, splits)
@@ -105,9 +106,11 @@ def plan_programs(chunk_lens: np.ndarray, contexts: np.ndarray, per_program: int
     out[2:, g:] = -1
 
 
-def program_list(chunk_lens: np.ndarray, contexts: np.ndarray, per_program: int, num_tokens: int, kv_heads: int,
+def program_list(chunk_lens: np.ndarray, contexts: np.ndarray, num_tokens: int, heads: int, kv_heads: int,
                  parallel: int) -> np.ndarray:
-    """plan_programs into a new array of the grid's size (the runner plans into its slot's buffer)."""
+    """plan_programs for a model's heads into a new array of the grid's size (the runner plans into
+    its slot's buffer)."""
+    per_program = tokens_per_program(heads // kv_heads)
     out = np.zeros((PROGRAM_FIELDS, num_programs(num_tokens, len(chunk_lens), per_program, kv_heads)), np.int64)
     plan_programs(chunk_lens, contexts, per_program, num_tokens, out, parallel, split_capacity(kv_heads))
     return out

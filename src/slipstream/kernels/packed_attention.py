@@ -16,7 +16,10 @@ the keys up to its last token's position one block after another, and those walk
 critical path: a long chunk's last tile walks its whole context (~1.9 us a block on the H200) while
 short tiles are long done. So the planner splits a long tile's keys over several programs, as the
 decode kernel splits long contexts: each leaves a softmax partial and the last to arrive merges
-them (paged_decode._arrive). Programs past the end of the list exit, and padding programs
+them (paged_decode._arrive). A decode row (a chunk of one token) would fill one row of a tile, so it
+runs the decode kernel's one-query forms instead (a 16-row tensor-core tile for a GQA group, row
+reductions for MHA), over its whole context: on the H200, 256 Phi-shaped rows of 620 tokens read
+K/V at 2.3 TB/s as tiles. Programs past the end of the list exit, and padding programs
 (sequence -1) zero their tokens' output: a step padded to a CUDA-graph bucket replays one fixed
 grid whatever its composition, and padding rows carry zeros, not stale memory, into the next GEMM."""
 from __future__ import annotations
@@ -27,7 +30,7 @@ import triton.language as tl
 
 from . import INTERPRET, arrival_counters, pdl_args
 from .attention import KEY_BLOCK, split_capacity, tokens_per_program
-from .paged_decode import _arrive, _load_q, _rope
+from .paged_decode import _arrive, _block_pages, _group_split, _load_q, _rope, _single_head
 
 
 @triton.jit
@@ -61,8 +64,9 @@ def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, conte
                              programs_ptr, cos_ptr, sin_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, scale, num_tokens,
                              capacity, stride_prog, stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_ot,
                              stride_oh, stride_pt, stride_ct, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                             BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                             ROT: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+                             DECODE_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+                             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, ROT: tl.constexpr, UPCAST: tl.constexpr,
+                             PRECISION: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.load(programs_ptr + pid)
@@ -82,12 +86,25 @@ def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, conte
             tl.store(out_ptr + t[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :], zero,
                      mask=ok[:, None])
         return
-    key_begin = tl.load(programs_ptr + 2 * stride_prog + pid)
-    key_end = tl.load(programs_ptr + 3 * stride_prog + pid)
-    part = tl.load(programs_ptr + 4 * stride_prog + pid)
     start = tl.load(query_start_ptr + seq)
     n = tl.load(query_start_ptr + seq + 1) - start
     ctx = tl.load(context_lens_ptr + seq)
+    page_row = page_table_ptr + seq * stride_pt
+    if n == 1:  # a decode row: the decode kernel's one-query forms, not a tile of 64 rows with one live
+        if GROUP == 1:
+            _single_head(q_ptr + start * stride_qt, k_ptr, v_ptr, out_ptr + start * stride_ot, page_row, cos_ptr,
+                         sin_ptr, ctx, scale, 0, kv_head, 0, stride_qh, stride_kp, stride_ks, stride_kh, 0, stride_oh,
+                         0, stride_ct, HEAD_DIM, PAGE, BLOCK_N // PAGE, ROT, PDL)
+        else:  # (one split: blocks_per_split past any context, so the partial buffers are never touched)
+            page = _block_pages(page_row, 0, 0, ctx, 0, PAGE, BLOCK_N // PAGE)
+            _group_split(q_ptr + start * stride_qt, k_ptr, v_ptr, out_ptr + start * stride_ot, page_row, part_acc_ptr,
+                         part_ml_ptr, arrivals_ptr, cos_ptr, sin_ptr, page, ctx, tl.cdiv(ctx, BLOCK_N), 0, 1 << 30,
+                         scale, 0, kv_head, 0, 0, stride_qh, stride_kp, stride_ks, stride_kh, 0, stride_oh, 0,
+                         stride_ct, GROUP, DECODE_PAD, HEAD_DIM, PAGE, BLOCK_N // PAGE, PRECISION, ROT, PDL)
+        return
+    key_begin = tl.load(programs_ptr + 2 * stride_prog + pid)
+    key_end = tl.load(programs_ptr + 3 * stride_prog + pid)
+    part = tl.load(programs_ptr + 4 * stride_prog + pid)
     t = first + r // GROUP_PAD
     live = (t < n) & (g < GROUP)
     pos = ctx - n + t  # each row's position; it sees the keys at positions <= pos
@@ -99,7 +116,6 @@ def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, conte
     m = tl.full([rows], float("-inf"), tl.float32)
     denom = tl.zeros([rows], tl.float32)
     acc = tl.zeros([rows, HEAD_DIM], tl.float32)
-    page_row = page_table_ptr + seq * stride_pt
     kpos = key_begin * BLOCK_N + tl.arange(0, BLOCK_N)
     page = tl.load(page_row + kpos // PAGE, mask=kpos < kv_end, other=0).to(tl.int64)
     for block in range(key_begin, key_end):
@@ -158,11 +174,13 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
 
 def packed_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
                      context_lens: torch.Tensor, query_start: torch.Tensor, programs: torch.Tensor, scale: float,
-                     cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+                     cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None, num_warps: int = 4,
+                     num_stages: int = 3) -> torch.Tensor:
     """q [T, H, D] (unrotated; any strides, features contiguous) -> [T, H, D]. Sequence s's tokens
     are q[query_start[s]:query_start[s + 1]], the last of its context_lens[s] positions; its keys
     are in the pages of page_table[s]. `programs` [PROGRAM_FIELDS, G] (attention.plan_programs) sets
-    the grid; q is rotated with cos/sin [positions, ROT] (ROT 0: q is used as it is)."""
+    the grid; q is rotated with cos/sin [positions, ROT] (ROT 0: q is used as it is). The warps and
+    stages are the kernel's configuration (scripts/prefill_attention_bench.py sweeps them)."""
     t, h, d = q.shape
     _, page, kvh, _ = k_pages.shape
     group = h // kvh
@@ -177,6 +195,8 @@ def packed_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tens
         q, k_pages, v_pages, out, page_table, context_lens, query_start, programs, cos, sin, part_acc, part_ml,
         arrival_counters(q.device, parts), scale, t, capacity, programs.stride(0), q.stride(0), q.stride(1),
         k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), out.stride(0), out.stride(1), page_table.stride(0),
-        cos.stride(0), GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, HEAD_DIM=d, PAGE=page, BLOCK_N=KEY_BLOCK,
-        ROT=cos.shape[-1], UPCAST=INTERPRET or q.dtype == torch.float32, num_warps=4, num_stages=3, **pdl_args())
+        cos.stride(0), GROUP=group, GROUP_PAD=group_pad, DECODE_PAD=max(16, group_pad), BLOCK_Q=block_q, HEAD_DIM=d,
+        PAGE=page, BLOCK_N=KEY_BLOCK, ROT=cos.shape[-1], UPCAST=INTERPRET or q.dtype == torch.float32,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
+        **pdl_args())
     return out
