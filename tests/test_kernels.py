@@ -368,7 +368,7 @@ def packed_case(chunks, h, kvh, d, page, dtype, seed, rot):
 # decode rows (chunks of one token), and chunks longer than a program's block of tokens
 PACKED_CHUNKS = [[(5, 5), (1, 40), (17, 17), (16, 48), (1, 1), (70, 135)],
                  [(64, 64), (33, 97), (1, 129), (9, 200)]]
-LONG_CHUNKS = [(3, 3), (40, 700), (1, 390)]  # tiles walking more than MIN_SPLIT_BLOCKS key blocks
+LONG_CHUNKS = [(1, 390), (1, 40), (3, 3), (40, 700)]  # decode rows first; tiles past MIN_SPLIT_BLOCKS key blocks
 
 
 @pytest.mark.parametrize("h,kvh,d,rot", [(4, 4, 64, 32), (14, 2, 64, 64), (8, 2, 32, 32), (4, 1, 128, 128)])
@@ -377,13 +377,16 @@ LONG_CHUNKS = [(3, 3), (40, 700), (1, 390)]  # tiles walking more than MIN_SPLIT
                          + [(LONG_CHUNKS, 0, 1), (LONG_CHUNKS, 5, 1 << 20)])
 def test_packed_attention_is_rotary_then_write_then_causal_attention_over_the_pages(h, kvh, d, rot, dtype, chunks,
                                                                                      padding, parallel):
-    """store_kv then packed_attention against the torch path (rotary, write_kv, the reference over
-    the pages) and float64 dense attention; the chunk's slots are poisoned first, so attention that
-    reads a key before store_kv wrote it shows. Padding tokens after the last chunk get zeros. With
+    """packed_step (store_kv, the decode kernel over the leading decode rows, packed_attention over
+    the chunks after them) against the torch path (rotary, write_kv, the reference over the pages)
+    and float64 dense attention; the chunk's slots are poisoned first, so attention that reads a key
+    before store_kv wrote it shows. The decode kernel's launch spans two rows past the decode rows,
+    which it must leave to the packed kernel. Padding tokens after the last chunk get zeros. With
     `parallel` (tiles the GPU runs at once) huge the planner splits every tile past MIN_SPLIT_BLOCKS
     key blocks over programs whose partials the last to arrive merges; with it 1 nothing splits."""
-    from slipstream.kernels.attention import apply_rotary, packed_attention_reference, program_list, write_kv
-    from slipstream.kernels.packed_attention import packed_attention, store_kv
+    from slipstream.kernels.attention import (AttentionInputs, Rope, apply_rotary, packed_attention_reference,
+                                              program_list, write_kv)
+    from slipstream.kernels.packed_attention import packed_step
 
     c = packed_case(chunks, h, kvh, d, 16, dtype, seed=h + d, rot=rot)
     pad = lambda x: torch.cat([x, x[:1].expand(padding, *x.shape[1:])]) if padding else x
@@ -393,13 +396,15 @@ def test_packed_attention_is_rotary_then_write_then_causal_attention_over_the_pa
     for pages in (kp, vp):
         pages.view(-1, kvh, d)[slots] = float("nan")
     cos, sin = c["cos"].to(DEVICE), c["sin"].to(DEVICE)
-    lens = torch.tensor([n for n, _ in chunks])
-    plan = torch.tensor(program_list(lens.numpy(), c["ctx"].numpy(), q.shape[0], h, kvh, parallel))
-    assert (plan[4] >= 0).any() == (parallel > 1 and max(ctx for _, ctx in chunks) > 256)
+    lens, ends = np.array([n for n, _ in chunks]), c["ctx"].numpy()
+    decode = next(i for i, n in enumerate(lens) if n > 1)
+    plan = torch.tensor(program_list(lens[decode:], ends[decode:], q.shape[0], h, kvh, parallel, decode))
+    assert (plan[4] >= 0).any() == (parallel > 1 and max(ctx for _, ctx in chunks[decode:]) > 256)
+    decode_lens = torch.tensor(list(ends[:decode]) + [0, 0])
+    attn = AttentionInputs(slots, c["table"].to(DEVICE), c["ctx"].to(DEVICE), c["query_start"].to(DEVICE),
+                           plan.to(DEVICE), decode_lens.to(DEVICE))
     out = torch.full_like(q, float("nan"))
-    store_kv(k, v, cos, sin, positions, slots, kp, vp)
-    packed_attention(q, kp, vp, c["table"].to(DEVICE), c["ctx"].to(DEVICE), c["query_start"].to(DEVICE),
-                        plan.to(DEVICE), d ** -0.5, cos, sin, out)
+    packed_step(q, k, v, Rope(cos, sin, positions, dtype), attn, (kp, vp), d ** -0.5, out)
 
     real = len(c["positions"])
     ref_kp, ref_vp = c["kp"].clone(), c["vp"].clone()
@@ -437,42 +442,41 @@ def test_reference_packed_attention_is_each_token_attending_up_to_its_position()
 
 @pytest.mark.parametrize("seed", range(40))
 def test_packed_plan_covers_every_tile_key_block_once_and_splits_only_long_tiles(seed):
-    """plan_programs on random steps (decode rows, chunks of long prompts, padding): each tile's key
-    blocks up to its last token's position are walked by exactly one program; a tile is split only
-    where it walks more blocks than the split size, and decode rows never (the kernel walks them
-    whole in a one-query form); all of a tile's splits name the same first partial and
-    count, partials are numbered densely below the capacity, and padding programs follow."""
+    """plan_programs on random steps (chunks of long prompts and of one token after the decode rows,
+    which the plan leaves to the decode kernel; padding): each tile's key blocks up to its last
+    token's position are walked by exactly one program; a tile is split only where it walks more
+    blocks than the split size; all of a tile's splits name the same first partial and count,
+    partials are numbered densely below the capacity, and padding programs follow the real tokens."""
     from slipstream.kernels.attention import (KEY_BLOCK, program_list, split_blocks, split_capacity,
                                               tokens_per_program)
 
     rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 12))
-    lens = np.where(rng.random(n) < 0.4, 1, rng.integers(1, 600, n))
+    n, decode = int(rng.integers(1, 12)), int(rng.integers(0, 4))
+    lens = np.where(rng.random(n) < 0.3, 1, rng.integers(1, 600, n))
     contexts = lens + rng.integers(0, 3000, n)
     heads, kv_heads = [(14, 2), (32, 32), (8, 8), (16, 2)][seed % 4]
     per_program, parallel = tokens_per_program(heads // kv_heads), int(rng.choice([1, 20, 500]))
-    tokens = int(lens.sum() + rng.integers(0, 40))
-    plan = program_list(lens, contexts, tokens, heads, kv_heads, parallel)
+    tokens = decode + int(lens.sum() + rng.integers(0, 40))
+    plan = program_list(lens, contexts, tokens, heads, kv_heads, parallel, decode)
     seq, first, begin, end, part, first_part, count = plan
     real = seq >= 0
     walked: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for p in np.flatnonzero(real):
-        walked.setdefault((seq[p], first[p]), []).append((begin[p], end[p]))
+        walked.setdefault((seq[p] - decode, first[p]), []).append((begin[p], end[p]))
     tiles = [(s, f) for s in range(n) for f in range(0, lens[s], per_program)]
     assert sorted(walked) == tiles
     blocks = {(s, f): -(-min(contexts[s], contexts[s] - lens[s] + f + per_program) // KEY_BLOCK) for s, f in tiles}
     per = split_blocks(np.array(list(blocks.values())), parallel, split_capacity(kv_heads))
-    for (s, f), spans in walked.items():
-        assert [b for a, z in sorted(spans) for b in range(a, z)] == list(range(blocks[s, f]))
-        whole = blocks[s, f] <= per or lens[s] == 1
-        assert len(spans) == (1 if whole else -(-blocks[s, f] // per))
+    for tile, spans in walked.items():
+        assert [b for a, z in sorted(spans) for b in range(a, z)] == list(range(blocks[tile]))
+        assert len(spans) == (1 if blocks[tile] <= per else -(-blocks[tile] // per))
     split = real & (part >= 0)
     assert sorted(part[split]) == list(range(int(split.sum()))) and split.sum() <= split_capacity(kv_heads)
     for p in np.flatnonzero(split):
         mates = split & (seq == seq[p]) & (first == first[p])
         assert (first_part[mates] == part[mates].min()).all() and (count[mates] == mates.sum()).all()
     pad_first = first[~real & (first >= 0)]
-    assert list(pad_first) == list(range(int(lens.sum()), tokens, per_program))
+    assert list(pad_first) == list(range(decode + int(lens.sum()), tokens, per_program))
 
 
 @pytest.mark.parametrize("rows,n", [(3, 40), (70, 1100)])

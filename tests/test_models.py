@@ -40,10 +40,13 @@ def packed_inputs(seqs: list[dict], spans: list[tuple[int, int]], page: int, slo
     width = max(-(-(a + n) // page) for a, n in spans)
     table = torch.tensor([(s["pages"] + [0] * width)[:width] for s in seqs], device=dev)
     ends = np.array([a + n for a, n in spans])
-    programs = program_list(lens, ends, int(lens.sum()), cfg.num_heads, cfg.num_kv_heads, 1 << 20)  # long tiles split
-    return AttentionInputs(slots, table, torch.tensor([a + n for a, n in spans], device=dev),
+    decode = int(np.argmin(lens == 1)) if (lens > 1).any() else len(lens)  # leading one-token chunks: decode rows
+    programs = program_list(lens[decode:], ends[decode:], int(lens.sum()), cfg.num_heads, cfg.num_kv_heads, 1 << 20,
+                            decode)  # (long tiles split)
+    return AttentionInputs(slots, table, torch.tensor(ends, device=dev),
                            torch.tensor(np.concatenate([[0], np.cumsum(lens)]), device=dev),
-                           torch.tensor(programs, device=dev), [(n, a + n) for a, n in spans])
+                           torch.tensor(programs, device=dev), torch.tensor(ends[:decode], device=dev),
+                           [(n, a + n) for a, n in spans])
 
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -100,15 +103,16 @@ def test_prefill_and_decode_logits_match_transformers(tmp_path, tiny_tokenizer, 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_chunked_prefill_beside_decode_rows_matches_transformers(tmp_path, tiny_tokenizer, arch, kv_heads, device):
     """Three prompts prefilled in chunks of uneven sizes, packed into one step with one another and
-    with decode rows (chunks of one token): the logits at each chunk's last token equal transformers'
-    over the whole prefix, whatever the chunk edges (on, before and after page boundaries)."""
+    with decode rows (chunks of one token; leading ones run the decode kernel on CUDA, later ones
+    packed tiles): the logits at each chunk's last token equal transformers' over the whole prefix,
+    whatever the chunk edges (on, before and after page boundaries)."""
     tm, model, kv, free = model_over_pages(tmp_path, tiny_tokenizer, arch, device, 80, 2, kv_heads=kv_heads, seed=9)
     cfg, dev, page, rng = model.config, kv.data.device, kv.page_size, random.Random(2)
     total = [40, 25, 34]
     seqs = [dict(ids=[rng.randrange(tm.vocab_size) for _ in range(n)], pages=[free.pop() for _ in range(-(-n // page))])
             for n in total]
     # per step, the tokens each sequence adds: a whole chunk, or 1 (a decode row, once its prompt is in)
-    schedule = [[16, 7, 0], [1, 16, 15], [17, 1, 18], [6, 1, 1]]
+    schedule = [[16, 7, 0], [1, 16, 15], [1, 1, 18], [22, 1, 1]]
     done = [0, 0, 0]
     for step in schedule:
         spans = [(done[i], n) for i, n in enumerate(step) if n]

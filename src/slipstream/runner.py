@@ -206,16 +206,19 @@ class ModelRunner:
         n_sampled = len(step.sampled)
         h["logits_index"][:n_sampled] = query_start[1:][final] - 1
         h["logits_index"][n_sampled:self.logit_rows(padded)] = 0
-        self._plan_programs(h, lens, ends, padded)
+        self._plan_programs(h, lens[n_dec:], ends[n_dec:], padded, n_dec)
+        h["decode_lens"][:n_dec] = ends[:n_dec]
+        h["decode_lens"][n_dec:self.logit_rows(padded)] = 0
         slot.host_lens = list(zip(lens.tolist(), ends.tolist()))
 
     def _grid(self, tokens: int) -> int:
         """The packed attention's programs for a prefill step of `tokens` tokens (padding included)."""
         return num_programs(tokens, self.logit_rows(tokens), self.tokens_per_program, self.kv_heads)
 
-    def _plan_programs(self, h: dict[str, np.ndarray], lens: np.ndarray, contexts: np.ndarray, padded: int) -> None:
-        plan_programs(lens, contexts, self.tokens_per_program, padded, h["programs"][:, :self._grid(padded)],
-                      self.parallel_tiles, split_capacity(self.kv_heads))
+    def _plan_programs(self, h: dict[str, np.ndarray], chunk_lens: np.ndarray, contexts: np.ndarray, padded: int,
+                       decode_rows: int) -> None:
+        plan_programs(chunk_lens, contexts, self.tokens_per_program, padded, h["programs"][:, :self._grid(padded)],
+                      self.parallel_tiles, split_capacity(self.kv_heads), decode_rows)
 
     def packed_forward(self, slot: DecodeSlot, tokens: int, logit_rows: int) -> torch.Tensor:
         """The forward of a prefill step of `tokens` tokens (padding included) over the slot's staged
@@ -224,7 +227,8 @@ class ModelRunner:
         ids = d["ids"][:tokens]
         ids = torch.where(ids >= 0, ids, self.last_tokens[(-1 - ids).clamp(min=0)])
         attn = AttentionInputs(d["slot_mapping"][:tokens], d["page_table"], d["context_lens"], d["query_start"],
-                               d["programs"][:, :self._grid(tokens)], slot.host_lens)
+                               d["programs"][:, :self._grid(tokens)], d["decode_lens"][:self.logit_rows(tokens)],
+                               slot.host_lens)
         return self.model(ids, d["positions"][:tokens], attn, self.kv, d["logits_index"][:logit_rows],
                           slot.logits_buffer)
 
@@ -256,7 +260,8 @@ class ModelRunner:
         if packed:
             self._pad_tokens(h, slice(0, rows))
             h["logits_index"][: self.logit_rows(rows)] = 0
-            self._plan_programs(h, np.zeros(0, np.int64), np.zeros(0, np.int64), rows)
+            self._plan_programs(h, np.zeros(0, np.int64), np.zeros(0, np.int64), rows, 0)
+            h["decode_lens"][: self.logit_rows(rows)] = 0
             slot.host_lens = []
         for name in _PER_ROW_PARAMS:
             h[name][: min(rows, self.max_rows)] = _NEUTRAL[name]

@@ -27,6 +27,7 @@ class AttentionInputs:
     context_lens: torch.Tensor  # [S]: keys each sequence attends to, this step's tokens included
     query_start: torch.Tensor | None = None  # [S + 1] (packed): sequence s's tokens are [query_start[s], [s + 1])
     programs: torch.Tensor | None = None  # [PROGRAM_FIELDS, G] (packed): the Triton kernel's grid (plan_programs)
+    decode_lens: torch.Tensor | None = None  # [R] (packed): contexts of the step's leading decode rows, then 0
     host_lens: list[tuple[int, int]] | None = None  # (tokens, context) per sequence, for the torch path
 
     @property
@@ -73,21 +74,21 @@ def split_blocks(blocks: np.ndarray, parallel: int, capacity: int) -> int:
 
 
 def plan_programs(chunk_lens: np.ndarray, contexts: np.ndarray, per_program: int, num_tokens: int,
-                  out: np.ndarray, parallel: int, capacity: int) -> None:
-    """Fill `out` [PROGRAM_FIELDS, G] with the packed kernel's programs. A tile is `per_program`
-    tokens of one chunk; it walks the key blocks up to its last token's position, and a tile walking
-    more than `split_blocks` blocks is split into programs of that many, which leave softmax partials
-    for the last of them to merge (not decode rows, chunks of one token: the kernel runs them in a
-    one-query form that walks the whole context). Then padding programs (sequence -1, first token
-    counted from the step's start) up to `num_tokens`, then (-1, -1), which exit at once.
+                  out: np.ndarray, parallel: int, capacity: int, decode_rows: int = 0) -> None:
+    """Fill `out` [PROGRAM_FIELDS, G] with the packed kernel's programs for the step's chunks, which
+    follow its `decode_rows` decode rows (one token each, served by the decode kernel: packed_step).
+    A tile is `per_program` tokens of one chunk; it walks the key blocks up to its last token's
+    position, and a tile walking more than `split_blocks` blocks is split into programs of that many,
+    which leave softmax partials for the last of them to merge. Then padding programs (sequence -1,
+    first token counted from the step's start) up to `num_tokens`, then (-1, -1), which exit at once.
     `parallel`: tiles the GPU runs at once (programs per KV head); `capacity`: split_capacity."""
     tiles = -(-chunk_lens // per_program)
-    seq = np.repeat(np.arange(len(chunk_lens)), tiles)
+    seq = decode_rows + np.repeat(np.arange(len(chunk_lens)), tiles)
     first = (np.arange(len(seq)) - np.repeat(np.cumsum(tiles) - tiles, tiles)) * per_program
-    n, ctx = chunk_lens[seq], contexts[seq]
+    n, ctx = chunk_lens[seq - decode_rows], contexts[seq - decode_rows]
     blocks = -(-np.minimum(ctx, ctx - n + first + per_program) // KEY_BLOCK)
     per = split_blocks(blocks, parallel, capacity) if len(blocks) else 1
-    splits = np.where((blocks > per) & (n > 1), -(-blocks // per), 1)
+    splits = np.where(blocks > per, -(-blocks // per), 1)
     g = int(splits.sum())
     index = np.arange(g) - np.repeat(np.cumsum(splits) - splits, splits)  # each program's split of its tile
     split = np.repeat(splits > 1, splits)
@@ -98,7 +99,7 @@ def plan_programs(chunk_lens: np.ndarray, contexts: np.ndarray, per_program: int
     out[4, :g] = np.where(split, part, -1)
     out[5, :g] = np.where(split, part - index, -1)
     out[6, :g] = np.repeat(splits, splits)
-    real = int(chunk_lens.sum())
+    real = decode_rows + int(chunk_lens.sum())
     pad = -(-(num_tokens - real) // per_program)
     out[0, g:] = -1
     out[1, g:g + pad] = real + np.arange(pad) * per_program
@@ -107,12 +108,13 @@ def plan_programs(chunk_lens: np.ndarray, contexts: np.ndarray, per_program: int
 
 
 def program_list(chunk_lens: np.ndarray, contexts: np.ndarray, num_tokens: int, heads: int, kv_heads: int,
-                 parallel: int) -> np.ndarray:
+                 parallel: int, decode_rows: int = 0) -> np.ndarray:
     """plan_programs for a model's heads into a new array of the grid's size (the runner plans into
     its slot's buffer)."""
     per_program = tokens_per_program(heads // kv_heads)
-    out = np.zeros((PROGRAM_FIELDS, num_programs(num_tokens, len(chunk_lens), per_program, kv_heads)), np.int64)
-    plan_programs(chunk_lens, contexts, per_program, num_tokens, out, parallel, split_capacity(kv_heads))
+    out = np.zeros((PROGRAM_FIELDS, num_programs(num_tokens, decode_rows + len(chunk_lens), per_program, kv_heads)),
+                   np.int64)
+    plan_programs(chunk_lens, contexts, per_program, num_tokens, out, parallel, split_capacity(kv_heads), decode_rows)
     return out
 
 
@@ -149,18 +151,16 @@ def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ro
                            out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary on q and k, the KV write into the pages, then attention: [tokens, heads, head_dim] in
     and out (into `out` when given). On CUDA a decode step runs all of it in one Triton kernel and
-    a packed step in two (store_kv, packed_attention); everything else runs the torch path."""
+    a packed step in three (packed_attention.packed_step); everything else runs the torch path."""
     if q.is_cuda and triton_serves(attn.packed, q.shape[-1], pages[0].shape[1]):
         if not attn.packed:
             from .paged_decode import paged_decode_attention
 
             return paged_decode_attention(q, *pages, attn.page_table, attn.context_lens, scale, out,
                                           new_token=(k, v, rope.cos, rope.sin, attn.slot_mapping))
-        from .packed_attention import packed_attention, store_kv
+        from .packed_attention import packed_step
 
-        store_kv(k, v, rope.cos, rope.sin, rope.positions, attn.slot_mapping, *pages)
-        return packed_attention(q, *pages, attn.page_table, attn.context_lens, attn.query_start, attn.programs,
-                                scale, rope.cos, rope.sin, out)
+        return packed_step(q, k, v, rope, attn, pages, scale, out)
     q, k = apply_rotary(q, *rope.rows), apply_rotary(k, *rope.rows)
     write_kv(*pages, k, v, attn.slot_mapping)
     if attn.packed:

@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from . import INTERPRET, arrival_counters, pdl_args
-from .attention import KEY_BLOCK, split_capacity, tokens_per_program
-from .paged_decode import _arrive, _block_pages, _group_split, _load_q, _rope, _single_head
+from .attention import KEY_BLOCK, AttentionInputs, Rope, split_capacity, tokens_per_program
+from .paged_decode import _arrive, _load_q, _rope, paged_decode_attention
 
 
 @triton.jit
@@ -64,9 +64,8 @@ def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, conte
                              programs_ptr, cos_ptr, sin_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, scale, num_tokens,
                              capacity, stride_prog, stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_ot,
                              stride_oh, stride_pt, stride_ct, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                             DECODE_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
-                             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, ROT: tl.constexpr, UPCAST: tl.constexpr,
-                             PRECISION: tl.constexpr, PDL: tl.constexpr):
+                             BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                             ROT: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.load(programs_ptr + pid)
@@ -90,18 +89,6 @@ def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, conte
     n = tl.load(query_start_ptr + seq + 1) - start
     ctx = tl.load(context_lens_ptr + seq)
     page_row = page_table_ptr + seq * stride_pt
-    if n == 1:  # a decode row: the decode kernel's one-query forms, not a tile of 64 rows with one live
-        if GROUP == 1:
-            _single_head(q_ptr + start * stride_qt, k_ptr, v_ptr, out_ptr + start * stride_ot, page_row, cos_ptr,
-                         sin_ptr, ctx, scale, 0, kv_head, 0, stride_qh, stride_kp, stride_ks, stride_kh, 0, stride_oh,
-                         0, stride_ct, HEAD_DIM, PAGE, BLOCK_N // PAGE, ROT, PDL)
-        else:  # (one split: blocks_per_split past any context, so the partial buffers are never touched)
-            page = _block_pages(page_row, 0, 0, ctx, 0, PAGE, BLOCK_N // PAGE)
-            _group_split(q_ptr + start * stride_qt, k_ptr, v_ptr, out_ptr + start * stride_ot, page_row, part_acc_ptr,
-                         part_ml_ptr, arrivals_ptr, cos_ptr, sin_ptr, page, ctx, tl.cdiv(ctx, BLOCK_N), 0, 1 << 30,
-                         scale, 0, kv_head, 0, 0, stride_qh, stride_kp, stride_ks, stride_kh, 0, stride_oh, 0,
-                         stride_ct, GROUP, DECODE_PAD, HEAD_DIM, PAGE, BLOCK_N // PAGE, PRECISION, ROT, PDL)
-        return
     key_begin = tl.load(programs_ptr + 2 * stride_prog + pid)
     key_end = tl.load(programs_ptr + 3 * stride_prog + pid)
     part = tl.load(programs_ptr + 4 * stride_prog + pid)
@@ -195,8 +182,24 @@ def packed_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tens
         q, k_pages, v_pages, out, page_table, context_lens, query_start, programs, cos, sin, part_acc, part_ml,
         arrival_counters(q.device, parts), scale, t, capacity, programs.stride(0), q.stride(0), q.stride(1),
         k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), out.stride(0), out.stride(1), page_table.stride(0),
-        cos.stride(0), GROUP=group, GROUP_PAD=group_pad, DECODE_PAD=max(16, group_pad), BLOCK_Q=block_q, HEAD_DIM=d,
-        PAGE=page, BLOCK_N=KEY_BLOCK, ROT=cos.shape[-1], UPCAST=INTERPRET or q.dtype == torch.float32,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
+        cos.stride(0), GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, HEAD_DIM=d, PAGE=page, BLOCK_N=KEY_BLOCK,
+        ROT=cos.shape[-1], UPCAST=INTERPRET or q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
         **pdl_args())
     return out
+
+
+def packed_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Rope, attn: AttentionInputs,
+                pages: tuple[torch.Tensor, torch.Tensor], scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A packed step's attention: q, k, v [T, heads, D] unrotated -> [T, H, D]. store_kv writes every
+    token's K/V; the decode kernel serves the step's leading decode rows (`attn.decode_lens`: their
+    contexts, then 0 for rows its programs skip), at its own occupancy, where a decode row in a
+    packed tile would fill one of 64 rows (on the H200, 256 Phi-shaped rows of 620 tokens read K/V at
+    2.3 TB/s as tiles, 3.7 in the decode kernel); the packed kernel serves the chunks after them."""
+    store_kv(k, v, rope.cos, rope.sin, rope.positions, attn.slot_mapping, *pages)
+    out = torch.empty_like(q) if out is None else out
+    rows = attn.decode_lens.shape[0]
+    if rows:  # (its fused KV write stores the same values store_kv did)
+        paged_decode_attention(q[:rows], *pages, attn.page_table[:rows], attn.decode_lens, scale, out[:rows],
+                               new_token=(k[:rows], v[:rows], rope.cos, rope.sin, attn.slot_mapping[:rows]))
+    return packed_attention(q, *pages, attn.page_table, attn.context_lens, attn.query_start, attn.programs, scale,
+                            rope.cos, rope.sin, out)

@@ -108,6 +108,8 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_l
     # The context lengths and the page table are step inputs, copied in before the step's first
     # kernel, so they may be read before waiting on the previous kernel.
     ctx = tl.load(context_lens_ptr + row)
+    if ctx == 0:  # not a row of this launch (a packed step's rows past its decode rows: packed_step)
+        return
     if not DOT:
         if PDL:  # q, k and v come from the previous kernel (see skinny_gemm)
             tl.extra.cuda.gdc_wait()
