@@ -72,6 +72,9 @@ class ModelRunner:
         self.max_rows = max_num_seqs
         self.scratch_row = max_num_seqs
         self.kv_heads = cfg.num_kv_heads
+        # an MHA model's decode rows in a packed step run the decode kernel (packed_attention.packed_step);
+        # a GQA group's fill a tile well enough (run m: Qwen shape slower apart, Phi much faster)
+        self.decode_rows_apart = cfg.num_heads == cfg.num_kv_heads
         self.tokens_per_program = tokens_per_program(cfg.num_heads // cfg.num_kv_heads)
         # the packed attention's tiles running at once, which its planner balances long tiles' splits over
         self.parallel_tiles = max(1, PROGRAMS_PER_SM * sm_count() // self.kv_heads) if layer.is_cuda else 1
@@ -206,9 +209,10 @@ class ModelRunner:
         n_sampled = len(step.sampled)
         h["logits_index"][:n_sampled] = query_start[1:][final] - 1
         h["logits_index"][n_sampled:self.logit_rows(padded)] = 0
-        self._plan_programs(h, lens[n_dec:], ends[n_dec:], padded, n_dec)
-        h["decode_lens"][:n_dec] = ends[:n_dec]
-        h["decode_lens"][n_dec:self.logit_rows(padded)] = 0
+        apart = n_dec if self.decode_rows_apart else 0
+        self._plan_programs(h, lens[apart:], ends[apart:], padded, apart)
+        h["decode_lens"][:apart] = ends[:apart]
+        h["decode_lens"][apart:self.logit_rows(padded)] = 0
         slot.host_lens = list(zip(lens.tolist(), ends.tolist()))
 
     def _grid(self, tokens: int) -> int:
@@ -227,7 +231,8 @@ class ModelRunner:
         ids = d["ids"][:tokens]
         ids = torch.where(ids >= 0, ids, self.last_tokens[(-1 - ids).clamp(min=0)])
         attn = AttentionInputs(d["slot_mapping"][:tokens], d["page_table"], d["context_lens"], d["query_start"],
-                               d["programs"][:, :self._grid(tokens)], d["decode_lens"][:self.logit_rows(tokens)],
+                               d["programs"][:, :self._grid(tokens)],
+                               d["decode_lens"][:self.logit_rows(tokens) if self.decode_rows_apart else 0],
                                slot.host_lens)
         return self.model(ids, d["positions"][:tokens], attn, self.kv, d["logits_index"][:logit_rows],
                           slot.logits_buffer)

@@ -191,10 +191,10 @@ def packed_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tens
 def packed_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Rope, attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor], scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """A packed step's attention: q, k, v [T, heads, D] unrotated -> [T, H, D]. store_kv writes every
-    token's K/V; the decode kernel serves the step's leading decode rows (`attn.decode_lens`: their
-    contexts, then 0 for rows its programs skip), at its own occupancy, where a decode row in a
-    packed tile would fill one of 64 rows (on the H200, 256 Phi-shaped rows of 620 tokens read K/V at
-    2.3 TB/s as tiles, 3.7 in the decode kernel); the packed kernel serves the chunks after them."""
+    token's K/V; the decode kernel serves the step's leading decode rows where `attn.decode_lens`
+    has any (their contexts, then 0 for rows its programs skip), at its own occupancy, where an MHA
+    decode row in a packed tile fills one of 64 rows (on the H200, 256 Phi-shaped rows of 620 tokens
+    read K/V at 2.3 TB/s as tiles, 3.7 in the decode kernel); the packed kernel serves the rest."""
     store_kv(k, v, rope.cos, rope.sin, rope.positions, attn.slot_mapping, *pages)
     out = torch.empty_like(q) if out is None else out
     rows = attn.decode_lens.shape[0]
