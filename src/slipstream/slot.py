@@ -16,9 +16,9 @@ from .sampling import MAX_LOGPROBS
 
 # (name, length in units of: T = max tokens per step, B = max rows (sequences) per step, B1 = B + 1,
 # G = the packed attention's program list (PROGRAM_FIELDS x its most programs), BP = B * max pages per row)
-_SECTIONS = (("ids", "T"), ("positions", "T"), ("slot_mapping", "T"), ("rows", "B"), ("context_lens", "B"), ("decode_lens", "B"),
-             ("query_start", "B1"), ("logits_index", "B"), ("seeds", "B"), ("token_index", "B"), ("top_k", "B"),
-             ("temperature", "B"), ("top_p", "B"), ("min_p", "B"), ("repetition_penalty", "B"),
+_SECTIONS = (("ids", "T"), ("positions", "T"), ("slot_mapping", "T"), ("rows", "B"), ("context_lens", "B"),
+             ("decode_lens", "B"), ("query_start", "B1"), ("logits_index", "B"), ("seeds", "B"), ("token_index", "B"),
+             ("top_k", "B"), ("temperature", "B"), ("top_p", "B"), ("min_p", "B"), ("repetition_penalty", "B"),
              ("presence_penalty", "B"), ("frequency_penalty", "B"), ("programs", "G"), ("page_table", "BP"))
 FLOAT_SECTIONS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 

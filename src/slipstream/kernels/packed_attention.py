@@ -189,7 +189,8 @@ def packed_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tens
 
 
 def packed_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Rope, attn: AttentionInputs,
-                pages: tuple[torch.Tensor, torch.Tensor], scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                pages: tuple[torch.Tensor, torch.Tensor], scale: float,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """A packed step's attention: q, k, v [T, heads, D] unrotated -> [T, H, D]. store_kv writes every
     token's K/V; the decode kernel serves the step's leading decode rows where `attn.decode_lens`
     has any (their contexts, then 0 for rows its programs skip), at its own occupancy, where an MHA
