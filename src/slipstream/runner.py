@@ -294,6 +294,7 @@ class ModelRunner:
                     self.prompt_mask[s.row].zero_()
                 self.prompt_mask[s.row].index_fill_(0, ids[t:t + n], True)
             t += n
+
     def mask_rows(self, step: Step) -> np.ndarray:
         """The slot's pinned bitmask rows for `step`, to be filled at finalize."""
         return self.slots[step.slot].mask_host_np[: step.num_rows]

@@ -1,10 +1,10 @@
 """DecodeSlot: every buffer one in-flight step needs, allocated once and reused.
 
 A step's host-side metadata (input ids, positions, KV slots, rows, page-table rows, the packed
-attention's sequence starts, decode rows and program list, sampling parameters) is staged in one pinned int64
-buffer and sent in one non-blocking copy; the device copy is cut into views at fixed offsets, and
-the logits land in a buffer of the slot's own, so the addresses never change between steps (what
-a CUDA graph needs, and why every graph can share one memory pool)."""
+attention's sequence starts, decode rows and program list, sampling parameters) is staged in one
+pinned int64 buffer and sent in one non-blocking copy; the device copy is cut into views at fixed
+offsets, and the logits land in a buffer of the slot's own, so the addresses never change between
+steps (what a CUDA graph needs, and why every graph can share one memory pool)."""
 from __future__ import annotations
 
 import numpy as np

@@ -12,16 +12,15 @@ loaded a block ahead, so no K/V load waits on one.
 The grid is a list of programs built on the host (attention.plan_programs), each covering a tile
 of BLOCK_Q tokens of one sequence for one KV head; a tile holds those tokens' query heads of the
 GQA group (BLOCK_Q x GROUP_PAD rows), so GQA reads each K/V block once for the group. A tile walks
-the keys up to its last token's position one block after another, and those walks are the step's
-critical path: a long chunk's last tile walks its whole context (~1.9 us a block on the H200) while
-short tiles are long done. So the planner splits a long tile's keys over several programs, as the
-decode kernel splits long contexts: each leaves a softmax partial and the last to arrive merges
-them (paged_decode._arrive). A decode row (a chunk of one token) would fill one row of a tile, so it
-runs the decode kernel's one-query forms instead (a 16-row tensor-core tile for a GQA group, row
-reductions for MHA), over its whole context: on the H200, 256 Phi-shaped rows of 620 tokens read
-K/V at 2.3 TB/s as tiles. Programs past the end of the list exit, and padding programs
-(sequence -1) zero their tokens' output: a step padded to a CUDA-graph bucket replays one fixed
-grid whatever its composition, and padding rows carry zeros, not stale memory, into the next GEMM."""
+the keys up to its last token's position one block after another, so a long chunk's last tile
+walks its whole context while short tiles are long done; the planner splits a long tile's keys over
+several programs, as the decode kernel splits long contexts: each leaves a softmax partial and the
+last to arrive merges them (paged_decode._arrive). An MHA model's decode rows (chunks of one token)
+would each fill one row of a 64-row tile, so `packed_step` gives them to the decode kernel; a GQA
+group's fill a tile's group rows and stay here. Programs past the end of the list exit, and padding
+programs (sequence -1) zero their tokens' output: a step padded to a CUDA-graph bucket replays one
+fixed grid whatever its composition, and padding rows carry zeros, not stale memory, into the next
+GEMM."""
 from __future__ import annotations
 
 import torch
