@@ -1,11 +1,13 @@
 """CUDA graphs of the step's forward: decode steps per (slot, batch-size bucket, sampling fused or
-not), prefill steps per (slot, token bucket).
+not), prefill steps per (slot, token bucket); and of a decode step's sampling where it is not fused
+(a constrained or tempered step's) per (slot, batch-size bucket, runner.SAMPLING_VARIANTS).
 
 Every input of a forward lives at a fixed address (the slot's packed metadata on the device, the
 last-token table, the KV pages), and so does its output (the slot's logits buffer), so each slot's
 forward is captured once per bucket and replayed. The fused decode variant also captures greedy
 sampling (argmax, the last-token scatter and the copy into the slot's sampled buffer) for steps
-with no mask, penalty, temperature or logprobs. A prefill step's grid is fixed per token bucket:
+with no mask, penalty, temperature or logprobs; the sampling graphs, replayed at finalize, read
+the bitmask from the slot's pinned host buffer (their first node copies it up). A prefill step's grid is fixed per token bucket:
 its padding tokens write the scratch page, and the packed attention's unused programs exit.
 All graphs share one memory pool: they run one at a time on the one compute stream, and since no
 graph's output is an allocation of its own, what one leaves in the pool the next one reuses."""
@@ -14,22 +16,27 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
-if TYPE_CHECKING:
-    from .runner import ModelRunner
+from .runner import SAMPLING_VARIANTS, ModelRunner, SamplingFlags
+from .slot import DecodeSlot
 
 log = logging.getLogger("slipstream")
 
 
+def sampling_flags(variant: tuple[bool, bool, bool]) -> SamplingFlags:
+    """The flags of a captured sampling variant (masked, any_random, any_filter): no penalties, no logprobs."""
+    return SamplingFlags(any_random=variant[1], any_filter=variant[2], any_penalty=False, logprobs=None)
+
+
 class StepGraphs:
-    def __init__(self, runner: "ModelRunner", decode_buckets: list[int], token_buckets: list[int]) -> None:
+    def __init__(self, runner: ModelRunner, decode_buckets: list[int], token_buckets: list[int]) -> None:
         """`token_buckets` may be empty: prefill steps then run eagerly."""
         self.decode: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.packed: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.sampling: dict[tuple[int, int, tuple[bool, bool, bool]], torch.cuda.CUDAGraph] = {}
         self.token_buckets = token_buckets
         stream = runner.layer.compute_stream
         width = runner.max_pages_per_seq
@@ -43,6 +50,8 @@ class StepGraphs:
             runner.stage_padding(slot, max(decode_buckets))
             for b in decode_buckets:
                 runner.greedy_tail(slot, b, runner.decode_forward(slot, b, width))
+                for variant in SAMPLING_VARIANTS:
+                    runner.sample_rows(slot, b, variant[0], sampling_flags(variant), slot.logits_buffer[:b])
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # (capture empties the cache too): what grows from here is the graphs' pool
         before = torch.cuda.memory_reserved()
@@ -56,7 +65,14 @@ class StepGraphs:
                     runner.greedy_tail(args[0], args[1], logits)
             return graph, logits
 
-        bar = tqdm(total=len(runner.slots) * (len(token_buckets) + 2 * len(decode_buckets)),
+        def capture_sampling(slot: DecodeSlot, rows: int, variant: tuple[bool, bool, bool]) -> torch.cuda.CUDAGraph:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                runner.sample_rows(slot, rows, variant[0], sampling_flags(variant), slot.logits_buffer[:rows])
+            return graph
+
+        per_bucket = 2 + len(SAMPLING_VARIANTS)
+        bar = tqdm(total=len(runner.slots) * (len(token_buckets) + per_bucket * len(decode_buckets)),
                    desc="capturing CUDA graphs", unit="graph", leave=False)
         for slot in runner.slots:
             for n in token_buckets:
@@ -65,6 +81,9 @@ class StepGraphs:
             for b in decode_buckets:
                 for fused in (False, True):
                     self.decode[(slot.index, b, fused)] = capture(runner.decode_forward, slot, b, width, fused=fused)
+                    bar.update()
+                for variant in SAMPLING_VARIANTS:
+                    self.sampling[(slot.index, b, variant)] = capture_sampling(slot, b, variant)
                     bar.update()
         bar.close()
         with torch.cuda.stream(stream):  # the first replay uploads a graph to the device: do it now, on padding
@@ -76,6 +95,8 @@ class StepGraphs:
                 for b in decode_buckets:
                     for fused in (False, True):
                         self.decode[(slot.index, b, fused)][0].replay()
+                    for variant in SAMPLING_VARIANTS:
+                        self.sampling[(slot.index, b, variant)].replay()
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
         self.memory_bytes = torch.cuda.memory_reserved() - before
@@ -83,7 +104,7 @@ class StepGraphs:
                  decode_buckets, token_buckets, self.capture_seconds, self.memory_bytes / 2**20)
 
     def __len__(self) -> int:
-        return len(self.decode) + len(self.packed)
+        return len(self.decode) + len(self.packed) + len(self.sampling)
 
     def token_bucket(self, tokens: int) -> int:
         """The smallest captured prefill size that holds `tokens` tokens."""
@@ -93,6 +114,9 @@ class StepGraphs:
         graph, logits = self.decode[(slot_index, rows, fused)]
         graph.replay()
         return logits
+
+    def replay_sampling(self, slot_index: int, rows: int, variant: tuple[bool, bool, bool]) -> None:
+        self.sampling[(slot_index, rows, variant)].replay()
 
     def replay_packed(self, slot_index: int, tokens: int) -> torch.Tensor:
         graph, logits = self.packed[(slot_index, tokens)]

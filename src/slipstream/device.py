@@ -6,6 +6,9 @@ poisons a landing buffer when its slot is released: code that reads a landing bu
 waiting, or after release, reads POISON."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 
 POISON = -(2**62)
@@ -27,7 +30,7 @@ class HostLanding:
         stream, recorded when `src` was written) has passed, on the copy stream."""
         self._n = src.shape[0]
         if self.layer.is_cuda:
-            with torch.cuda.stream(self.layer.copy_stream):
+            with self.layer.on(self.layer.copy_stream):
                 self.layer.copy_stream.wait_event(after)
                 self.host[: self._n].copy_(src, non_blocking=True)
                 self._done.record(self.layer.copy_stream)
@@ -65,6 +68,16 @@ class DeviceLayer:
             torch.cuda.synchronize(self.device)
             torch.cuda.set_stream(self.compute_stream)
 
+    @contextmanager
+    def on(self, stream: torch.cuda.Stream) -> Iterator[None]:
+        """Queue work on `stream`, then on the compute stream again (the loop thread's current stream:
+        torch.cuda.stream() would look the current stream up first, a cost a tick pays per copy)."""
+        torch.cuda.set_stream(stream)
+        try:
+            yield
+        finally:
+            torch.cuda.set_stream(self.compute_stream)
+
     def pinned(self, shape: tuple[int, ...] | int, dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype, pin_memory=self.is_cuda)
 
@@ -88,7 +101,7 @@ class DeviceLayer:
         if not self.is_cuda:
             dst.copy_(src)
             return
-        with torch.cuda.stream(self.upload_stream):
+        with self.on(self.upload_stream):
             dst.copy_(src, non_blocking=True)
             done.record(self.upload_stream)
         self.compute_stream.wait_event(done)

@@ -11,15 +11,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# where a tick's CPU time goes: planning and staging a step and queueing its forward; the commit's
+# work after its tokens land (matchers advanced, text, stop checks, callbacks, releases); the
+# constrained rows' bitmask fill; queueing sampling (the bitmask upload included)
+HOST_PHASES = ("launch", "commit", "mask_fill", "sampling")
+
 
 class StepProfiler:
     def __init__(self, compute_stream: torch.cuda.Stream, max_steps: int = 1024) -> None:
+        self.stream = compute_stream
         self.events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(max_steps)]
         self.kinds: dict[int, str] = {}
         self.tokens: dict[int, int] = {}
         self.first: int | None = None
         self.ticks: list[tuple[float, float, float]] = []  # (start, end, seconds blocked on a copy event)
-        self.mask_fill: list[float] = []  # seconds the CPU spent filling a constrained step's bitmask
+        # CPU seconds per tick in each part of the scheduler's work (HOST_PHASES), for ticks that have it
+        self.host: dict[str, list[float]] = {name: [] for name in HOST_PHASES}
+        self._tick_host: dict[str, float] = {}
         torch.cuda.synchronize()
         self.origin = torch.cuda.Event(enable_timing=True)
         self.origin.record(compute_stream)
@@ -34,10 +42,17 @@ class StepProfiler:
         if i < len(self.events):
             self.kinds[i] = step.kind
             self.tokens[i] = step.num_tokens
-            self.events[i][which].record()
+            self.events[i][which].record(self.stream)
+
+    def phase(self, name: str, seconds: float) -> None:
+        """Add CPU seconds to one of HOST_PHASES for the current tick."""
+        self._tick_host[name] = self._tick_host.get(name, 0.0) + seconds
 
     def tick(self, start: float, end: float, waited: float) -> None:
         self.ticks.append((start, end, waited))
+        for name, seconds in self._tick_host.items():
+            self.host[name].append(seconds)
+        self._tick_host = {}
 
     def steps(self) -> list[dict[str, float]]:
         """Per recorded step: kind and its three GPU timestamps (ms since the origin)."""
@@ -67,7 +82,8 @@ class StepProfiler:
                 **stats("gpu_busy", [s["end"] - s["start"] for s in decode]),
                 **stats("gpu_idle", [b["start"] - a["end"] for a, b in pairs]),
                 **stats("step", [b["start"] - a["start"] for a, b in pairs]),
-                **stats("cpu_bookkeeping", cpu), **stats("mask_fill", [t * 1e3 for t in self.mask_fill]),
+                **stats("cpu_bookkeeping", cpu),
+                **{k: v for name in HOST_PHASES for k, v in stats(f"host_{name}", [t * 1e3 for t in self.host[name]]).items()},
                 "decode_steps": len(decode)}
 
     def cpu_spans(self) -> list[tuple[float, float, float]]:

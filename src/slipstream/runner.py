@@ -22,10 +22,15 @@ from .kernels.attention import (PROGRAMS_PER_SM, AttentionInputs, num_programs, 
                                 tokens_per_program, triton_serves)
 from .models.llama import CausalLM
 from .pipeline import Step
-from .sampling import SamplerInputs, sample, top_logprobs
-from .slot import DecodeSlot
+from .sampling import SamplerInputs, SamplingParams, sample, top_logprobs
+from .slot import FLOAT_SECTIONS, DecodeSlot
 
 ALL_ALLOWED = np.int32(-1)
+# (masked, any_random, any_filter) of the decode steps whose sampling is captured per batch bucket: a
+# constrained step's, and a tempered one's with or without top-k / top-p / min-p (an unmasked greedy
+# step samples inside its fused forward graph)
+SAMPLING_VARIANTS = ((True, False, False), (True, True, False), (True, True, True), (False, True, False),
+                     (False, True, True))
 # SamplingParams fields staged per row, with the value that leaves a (padded) row greedy and unpenalized
 _NEUTRAL = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
             "presence_penalty": 0.0, "frequency_penalty": 0.0}
@@ -33,13 +38,19 @@ _PER_ROW_PARAMS = tuple(_NEUTRAL)
 
 
 @dataclass
-class _StepFlags:
+class SamplingFlags:
     """Host-known facts about a step's rows that let sampling skip work nobody asked for."""
 
     any_random: bool
     any_filter: bool
     any_penalty: bool
     logprobs: int | None  # the largest top-n asked for, None when no row wants logprobs
+
+
+def _largest_logprobs(asked: np.ndarray) -> int | None:
+    """The largest top-n of the rows that asked for logprobs (-1: did not), None when none did."""
+    largest = int(asked.max()) if asked.size else -1
+    return None if largest < 0 else largest
 
 
 def decode_bucket(n: int, max_rows: int) -> int:
@@ -83,6 +94,12 @@ class ModelRunner:
         self.last_tokens = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=layer.device)
         # each row's pages (allocated in full at admission, so fixed while the row is held), on the host
         self.row_pages = np.full((max_num_seqs + 1, max_pages_per_seq), SCRATCH_PAGE, dtype=np.int64)
+        # each row's sampling parameters (bind_row), the scratch row's neutral: greedy, unpenalized
+        self.row_params = {name: np.full(max_num_seqs + 1, value, dtype=np.float64 if name in FLOAT_SECTIONS
+                                         else np.int64) for name, value in {**_NEUTRAL, "seeds": 0}.items()}
+        self.row_filtered = np.zeros(max_num_seqs + 1, dtype=bool)
+        self.row_penalized = np.zeros(max_num_seqs + 1, dtype=bool)
+        self.row_logprobs = np.full(max_num_seqs + 1, -1, dtype=np.int64)  # top-n asked for, -1: none
         # penalty state per row, kept on the device and advanced by sampling itself (see apply_penalties)
         self.counts = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.int32, device=layer.device)
         self.prompt_mask = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.bool, device=layer.device)
@@ -111,9 +128,15 @@ class ModelRunner:
                 self.packed_forward(self.slots[0], n, self.logit_rows(n))
         torch.cuda.synchronize()
 
-    def bind_pages(self, row: int, pages: list[int]) -> None:
-        """A sequence admitted at `row` holds these pages until the row is released."""
+    def bind_row(self, row: int, pages: list[int], params: SamplingParams, seed: int) -> None:
+        """A sequence admitted at `row` holds these pages until the row is released; its sampling
+        parameters are fixed, so each step stages its rows' by one gather a field."""
         self.row_pages[row, : len(pages)] = pages
+        for name in _PER_ROW_PARAMS:
+            self.row_params[name][row] = getattr(params, name)
+        self.row_params["seeds"][row] = seed
+        self.row_filtered[row], self.row_penalized[row] = params.filtered, params.penalized
+        self.row_logprobs[row] = -1 if params.logprobs is None else params.logprobs
 
     def logit_rows(self, tokens: int) -> int:
         """Rows of logits a captured prefill step of `tokens` tokens computes (its sampled rows at most)."""
@@ -134,17 +157,14 @@ class ModelRunner:
             rows = step.num_rows = decode_bucket(len(sampled), self.max_rows)
             width = self._stage_decode(step.seqs, h)
             self._pad_rows(h, slice(len(sampled), rows), width)
-        live = slice(0, len(sampled))
-        h["rows"][live] = [s.row for s in sampled]
-        h["seeds"][live] = [s.seed for s in sampled]
-        h["token_index"][live] = [s.sampled_launched for s in sampled]
-        params = [s.params for s in sampled]
-        for name in _PER_ROW_PARAMS:
-            h[name][len(sampled):rows] = _NEUTRAL[name]  # padded rows: greedy, unpenalized
-            h[name][live] = [getattr(p, name) for p in params]
-        slot.flags = _StepFlags(any(p.temperature > 0 for p in params), any(p.filtered for p in params),
-                                any(p.penalized for p in params),
-                                max((p.logprobs for p in params if p.logprobs is not None), default=None))
+        n = len(sampled)
+        h["rows"][:n] = np.fromiter((s.row for s in sampled), np.int64, n)
+        h["token_index"][:n] = np.fromiter((s.sampled_launched for s in sampled), np.int64, n)
+        held = h["rows"][:rows]  # (padded rows: the scratch row, whose parameters are neutral)
+        for name, table in self.row_params.items():
+            h[name][:rows] = table[held]
+        slot.flags = SamplingFlags(bool((h["temperature"][:rows] > 0).any()), bool(self.row_filtered[held].any()),
+                                   bool(self.row_penalized[held].any()), _largest_logprobs(self.row_logprobs[held]))
         flags = slot.flags
         slot.fused = (self.graphs is not None and step.kind == "decode" and not step.constrained
                       and not (flags.any_random or flags.any_penalty) and flags.logprobs is None)
@@ -301,34 +321,48 @@ class ModelRunner:
 
     def launch_sampling(self, step: Step, masked: bool) -> None:
         """Queue sampling, the last-token scatter, the penalty counts, and the host copies of the
-        sampled tokens (and their logprobs where asked for)."""
+        sampled tokens (and their logprobs where asked for). A decode step without penalties or
+        logprobs replays its captured sampling (`sample_rows`: a few launches of host work less,
+        which a constrained step's critical path pays after its mask fill)."""
         slot = self.slots[step.slot]
-        rows, d, flags = step.num_rows, slot.dev, slot.flags
+        rows, flags = step.num_rows, slot.flags
         if not slot.fused and rows:  # (a fused graph already sampled greedily)
-            mask = None
-            if masked:
-                self.layer.upload(slot.mask_dev[:rows], slot.mask_host[:rows])
-                mask = slot.mask_dev[:rows]
-            row_ids = d["rows"][:rows]
-            inputs = SamplerInputs(seeds=d["seeds"][:rows], token_index=d["token_index"][:rows],
-                                   **{name: d[name][:rows] for name in _PER_ROW_PARAMS}, any_random=flags.any_random,
-                                   any_filter=flags.any_filter, any_penalty=flags.any_penalty)
-            counts = self.counts[row_ids] if flags.any_penalty else None
-            prompt_mask = self.prompt_mask[row_ids] if flags.any_penalty else None
-            tokens = sample(slot.logits, inputs, mask, counts, prompt_mask)
-            self.last_tokens.index_copy_(0, row_ids, tokens)
-            if flags.any_penalty:
-                self.counts.index_put_((row_ids, tokens), self.ones[:rows], accumulate=True)
-            slot.sampled[:rows].copy_(tokens)
-            if flags.logprobs is not None:
-                slot.logprobs[:rows, : 1 + 2 * flags.logprobs].copy_(
-                    top_logprobs(slot.logits, tokens, flags.logprobs))
+            variant = (masked, flags.any_random, flags.any_filter)
+            if (self.graphs is not None and step.kind == "decode" and not flags.any_penalty and flags.logprobs is None
+                    and variant in SAMPLING_VARIANTS):
+                self.graphs.replay_sampling(slot.index, rows, variant)
+            else:
+                self.sample_rows(slot, rows, masked, flags, slot.logits)
         self.layer.record(slot.sampled_event)
         if self.profiler is not None:
             self.profiler.mark(step, 2)
         slot.landing.start(slot.sampled[:rows], slot.sampled_event)
         if flags.logprobs is not None:
             slot.logprobs_landing.start(slot.logprobs[:rows], slot.sampled_event)
+
+    def sample_rows(self, slot: DecodeSlot, rows: int, masked: bool, flags: SamplingFlags,
+                    logits: torch.Tensor) -> None:
+        """A token for each of `rows` rows of `logits` (the bitmask uploaded first where `masked`),
+        scattered into the last-token table and copied into the slot's sampled buffer; the penalty
+        counts and the logprobs rows where `flags` ask for them (eager, or inside a graph capture)."""
+        d = slot.dev
+        mask = None
+        if masked:
+            self.layer.upload(slot.mask_dev[:rows], slot.mask_host[:rows])
+            mask = slot.mask_dev[:rows]
+        row_ids = d["rows"][:rows]
+        inputs = SamplerInputs(seeds=d["seeds"][:rows], token_index=d["token_index"][:rows],
+                               **{name: d[name][:rows] for name in _PER_ROW_PARAMS}, any_random=flags.any_random,
+                               any_filter=flags.any_filter, any_penalty=flags.any_penalty)
+        counts = self.counts[row_ids] if flags.any_penalty else None
+        prompt_mask = self.prompt_mask[row_ids] if flags.any_penalty else None
+        tokens = sample(logits, inputs, mask, counts, prompt_mask)
+        self.last_tokens.index_copy_(0, row_ids, tokens)
+        if flags.any_penalty:
+            self.counts.index_put_((row_ids, tokens), self.ones[:rows], accumulate=True)
+        slot.sampled[:rows].copy_(tokens)
+        if flags.logprobs is not None:
+            slot.logprobs[:rows, : 1 + 2 * flags.logprobs].copy_(top_logprobs(logits, tokens, flags.logprobs))
 
     def wait_tokens(self, step: Step) -> tuple[list[int], np.ndarray | None]:
         """Block until `step`'s sampled tokens (and logprobs rows, if any row asked) have landed

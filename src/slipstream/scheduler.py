@@ -122,6 +122,7 @@ class Scheduler:
             self.runner.profiler.tick(start, time.perf_counter(), self.waited)
 
     def _launch_next(self) -> bool:
+        start = time.perf_counter()
         step = self._plan()
         if step is None:
             return False
@@ -136,6 +137,7 @@ class Scheduler:
         for s in step.sampled:
             s.sampled_launched += 1
         self.steps[step.kind] += 1
+        self._timed("launch", start)
         if not step.constrained:
             self._finalize(step)
         return True
@@ -170,7 +172,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.row = self.free_rows.pop()
             seq.pages = self.pool.allocate(n_pages)
-            self.runner.bind_pages(seq.row, seq.pages)
+            self.runner.bind_row(seq.row, seq.pages, seq.params, seq.seed)
             self.running[seq.request_id] = seq
             n = min(budget, len(seq.prompt_ids))
             chunked.append(seq)
@@ -186,8 +188,8 @@ class Scheduler:
         """Queue the step's sampling. Masks come from committed state: the previous step has
         committed by now whenever this step has a constrained row."""
         masked = step.constrained
+        start = time.perf_counter()
         if masked:
-            start = time.perf_counter()
             words = self.runner.mask_rows(step)
             words[:] = ALL_ALLOWED
             rows: dict[type, list[tuple[int, TokenConstraint]]] = {}
@@ -201,10 +203,10 @@ class Scheduler:
                     for i, c in group:
                         words[i] = 0
                         c.fill_mask(words[i])
-            if self.runner.profiler is not None:
-                self.runner.profiler.mask_fill.append(time.perf_counter() - start)
+            start = self._timed("mask_fill", start)
         self.runner.launch_sampling(step, masked)
         self.pipeline.finalize(step)
+        self._timed("sampling", start)
 
     def _commit(self, step: Step) -> None:
         before = time.perf_counter()
@@ -222,6 +224,14 @@ class Scheduler:
             self._release_if_done(seq)
         self.runner.release(step)
         self.pipeline.commit_oldest()
+        self._timed("commit", now)
+
+    def _timed(self, phase: str, since: float) -> float:
+        """Charge the CPU time since `since` to a profiler phase (while one measures); returns now."""
+        now = time.perf_counter()
+        if self.runner.profiler is not None:
+            self.runner.profiler.phase(phase, now - since)
+        return now
 
     def _append(self, seq: Sequence, tok: int, now: float) -> None:
         seq.output_ids.append(tok)

@@ -25,6 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..engine import LLM
+from ..profiler import HOST_PHASES
 from ..sampling import SamplingParams
 
 
@@ -210,7 +211,7 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
                 elif workload == "constrained":
                     for fraction in constrained:
                         if profile:
-                            profiles[f"{mode} json{fraction:g}"] = llm.core.runner.profiler = _new_profiler(llm)
+                            profiles[f"{mode} x{n} json{fraction:g}"] = llm.core.runner.profiler = _new_profiler(llm)
                         results.append(run_case(llm, n, prompt_tokens, max_tokens, constrained=fraction))
                         llm.core.runner.profiler = None
                 else:
@@ -246,7 +247,7 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
 def _new_profiler(llm: LLM):
     from ..profiler import StepProfiler
 
-    return StepProfiler(llm.core.layer.compute_stream)
+    return StepProfiler(llm.core.layer.compute_stream, max_steps=4096)
 
 
 def format_table(results: list[BenchResult], floors: dict[int, float] | None = None) -> str:
@@ -265,10 +266,10 @@ def format_table(results: list[BenchResult], floors: dict[int, float] | None = N
 
 
 def format_profile(profile: dict[str, dict[str, float]]) -> str:
-    cols = ("forward", "sampling", "gpu_busy", "cpu_bookkeeping", "mask_fill", "gpu_idle", "step")
-    lines = [f"{'mode':>15} " + " ".join(f"{c + ' med/p99 ms':>24}" for c in cols)]
+    cols = ("forward", "sampling", "gpu_busy", "cpu_bookkeeping", *(f"host_{p}" for p in HOST_PHASES), "gpu_idle", "step")
+    lines = [f"{'mode':>22} " + " ".join(f"{c + ' med/p99 ms':>24}" for c in cols)]
     for mode, p in profile.items():
-        lines.append(f"{mode:>15} " + " ".join(f"{p[c + '_median_ms']:>11.3f}/{p[c + '_p99_ms']:<12.3f}"
+        lines.append(f"{mode:>22} " + " ".join(f"{p[c + '_median_ms']:>11.3f}/{p[c + '_p99_ms']:<12.3f}"
                                              for c in cols))
     return "\n".join(lines)
 
