@@ -10,6 +10,7 @@ import torch
 from conftest import settled_stats, tie_aware_equal
 from constraints import ForceAt, Successor
 from slipstream import LLM, SamplingParams
+from slipstream.runner import SAMPLING_VARIANTS
 from test_engine import CHUNKED_LENS, assert_modes_agree, hf_greedy, random_workload, staggered
 
 pytestmark = pytest.mark.gpu
@@ -55,6 +56,29 @@ def test_cuda_chunked_prefill_matches_transformers(tiny_llama, graphs):
 def test_cuda_pipelined_equals_blocking(tiny_llama):
     reqs = random_workload(5, tiny_llama.vocab_size, tiny_llama.eos_id)
     assert_modes_agree(tiny_llama, reqs, lambda mode: cuda_llm(tiny_llama, mode, max_num_seqs=3))
+
+
+def test_captured_sampling_equals_eager(tiny_llama):
+    """Constrained, tempered and top-p / top-k decode steps sample through the captured sampling
+    graphs (one per batch bucket and variant) and draw exactly the tokens eager sampling draws."""
+    v, eos = tiny_llama.vocab_size, tiny_llama.eos_id
+    batches = [[SamplingParams(max_tokens=16, constraint=lambda: Successor(v))] * 3,
+               [SamplingParams(max_tokens=16, temperature=0.8, seed=i) for i in range(3)],
+               [SamplingParams(max_tokens=16, temperature=0.8, top_p=0.7, top_k=20, seed=i) for i in range(3)],
+               [SamplingParams(max_tokens=16, constraint=lambda: ForceAt(4, eos), temperature=0.7, seed=4),
+                SamplingParams(max_tokens=16, temperature=0.9, seed=5)],
+               [SamplingParams(max_tokens=16, constraint=lambda: Successor(v), temperature=0.9, top_p=0.8, seed=6),
+                SamplingParams(max_tokens=16)]]
+    outs, variants = {}, set()
+    for graphs in (True, False):
+        with cuda_llm(tiny_llama, cuda_graphs=graphs) as llm:
+            if graphs:
+                replay = llm.core.runner.graphs.replay_sampling
+                llm.core.runner.graphs.replay_sampling = lambda *a: (variants.add(a[2]), replay(*a))
+            outs[graphs] = [[o.token_ids for o in llm.generate([[i + 3, 7]] * len(b), b)]
+                            for i, b in enumerate(batches)]
+    assert outs[True] == outs[False]
+    assert variants == set(SAMPLING_VARIANTS)
 
 
 def test_steady_state_loop_never_synchronizes(tiny_llama):

@@ -1,9 +1,12 @@
 """The tick and the zombie rules, stepped by hand on an EngineCore (no loop thread)."""
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from constraints import ForceAt
+from constraints import ForceAt, Successor
 from slipstream.config import EngineConfig
 from slipstream.engine import EngineCore
 from slipstream.sampling import SamplingParams
@@ -213,3 +216,74 @@ def test_planning_invariants_hold_at_every_step(tiny_llama, mode):
     assert all(s.finalized for s in seqs) and core.pool.num_free == core.pool.total
     assert victim.finish_reason == "abort" and victim.output_ids == []
     assert checker.launches["mixed"] and checker.launches["chunked"] and checker.launches["decode"]
+
+
+def slow_fill(constraints: list, words, rows: list[int]) -> None:
+    """Successor's masks, after a while outside the interpreter lock (as XGrammar's fill), logged."""
+    start = time.perf_counter()
+    time.sleep(0.005)
+    for c, i in zip(constraints, rows):
+        words[i] = 0
+        Successor.fill_mask(c, words[i])
+    constraints[0].log.append(("fill", start, time.perf_counter()))
+
+
+class SlowBatchFill(Successor):
+    def __init__(self, vocab_size: int, log: list) -> None:
+        super().__init__(vocab_size)
+        self.log = log
+
+    fill_masks = classmethod(lambda cls, constraints, words, rows: slow_fill(constraints, words, rows))
+
+
+class SlowRowFill(Successor):
+    """The same fill row by row (no batched form): the interpreter lock is held around it."""
+
+    def __init__(self, vocab_size: int, log: list) -> None:
+        super().__init__(vocab_size)
+        self.log = log
+
+    def fill_mask(self, words) -> None:
+        slow_fill([self], words[None], [0])
+
+
+@pytest.mark.parametrize("mode,fill", [("pipelined", SlowBatchFill), ("blocking", SlowBatchFill),
+                                       ("pipelined", SlowRowFill)])
+def test_5_a_commits_rest_runs_beside_the_next_mask_fill_and_ends_with_the_tick(tiny_llama, mode, fill):
+    """Pipelined, the text and callbacks of a commit run on the commit worker while the next
+    constrained step's masks are filled in a batch (from the tokens that commit advanced: Successor's chain
+    holds), and are done when the tick returns; each request's callbacks come in token order, never
+    two at once. Blocking there is nothing to overlap, and a row-by-row fill holds the interpreter
+    lock: everything runs on the ticking thread."""
+    core = make_core(tiny_llama, mode, [])
+    sched, v = core.scheduler, tiny_llama.vocab_size
+    log, calls, busy = [], {}, []
+
+    def on_token(seq, delta):
+        busy.append(1)
+        assert len(busy) == 1, "two callbacks at once"
+        calls.setdefault(seq.request_id, []).append(len(seq.output_ids))
+        log.append(("callback", time.perf_counter(), threading.current_thread().name))
+        busy.pop()
+
+    seqs = [core.make_sequence([i + 1, i + 2], SamplingParams(max_tokens=12, constraint=lambda: fill(v, log)),
+                               None) for i in range(2)]
+    seqs.append(core.make_sequence([9], SamplingParams(max_tokens=12), None))
+    for s in seqs:
+        s.on_token = on_token
+        sched.add(s)
+    while sched.has_work():
+        sched.tick()
+        for s in sched.running.values():  # the rest of every commit is done: references dropped
+            assert s.inflight_refs == sum(s in step.seqs for step in sched.pipeline.inflight)
+    sched.close()
+    for s in seqs[:2]:
+        assert all(b == (a + 1) % v for a, b in zip(s.output_ids, s.output_ids[1:]))
+    assert all(calls[s.request_id] == list(range(1, 13)) for s in seqs)
+    fills = [(a, b) for kind, a, b in log if kind == "fill"]
+    beside = [t for kind, t, thread in log if kind == "callback" and any(a < t < b for a, b in fills)]
+    workers = {thread for kind, _, thread in log if kind == "callback"} - {threading.current_thread().name}
+    if mode == "pipelined" and fill is SlowBatchFill:
+        assert beside and workers and all(w.startswith("slipstream-commit") for w in workers)
+    else:
+        assert not beside and not workers

@@ -321,6 +321,8 @@ class LLM:
         except BaseException as e:  # the loop must never die silently: fail every pending request
             self._error = e
             self._fail_pending(e)
+        finally:
+            self.core.scheduler.close()
 
     def _fail_pending(self, error: BaseException) -> None:
         with self._cv:

@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-# where a tick's CPU time goes: planning and staging a step and queueing its forward; the commit's
-# work after its tokens land (matchers advanced, text, stop checks, callbacks, releases); the
+# where a tick's CPU time goes: planning and staging a step and queueing its forward; a commit's
+# tokens in (constraints advanced); the rest of the commit (text, stop checks, callbacks, releases:
+# on the commit worker, beside the mask fill, when a constrained step waits for its masks); the
 # constrained rows' bitmask fill; queueing sampling (the bitmask upload included)
-HOST_PHASES = ("launch", "commit", "mask_fill", "sampling")
+HOST_PHASES = ("launch", "commit", "text", "mask_fill", "sampling")
 
 
 class StepProfiler:

@@ -1,6 +1,7 @@
 """Requests, batching and the tick: launch (t+1), commit (t), finalize (t+1).
 
-All state here is mutated on the loop thread only. A sequence is `finalized` when its result is
+All state here is mutated by one thread at a time: the loop thread, or the commit worker while the
+loop thread is inside XGrammar's mask fill (invariant 5). A sequence is `finalized` when its result is
 decided (EOS, stop token, length cap, abort) and emitted right then; it keeps its row and KV pages
 until `inflight_refs` — the in-flight steps that reference it — drops to zero. A commit that meets
 a finalized sequence (a zombie: it was planned into the next step before its end was known)
@@ -18,11 +19,17 @@ decodes. Planning invariants (each has a test in tests/test_scheduler.py):
   3. Admission is first come, first served: a request is admitted only after every earlier one.
   4. Every sequence of a step holds one in-flight reference from the step's launch to its commit;
      a sequence's row and pages are released only when it is finalized and holds none.
+  5. A step's masks are filled only after the previous step's tokens advanced every constraint
+     (masks from committed state); the rest of that commit (text, stop checks, callbacks,
+     finishing, releases), on the worker or not, is done before the tick ends, so the next plan
+     sees it, and a request's callbacks run in token order, one at a time.
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -80,6 +87,7 @@ class Scheduler:
         self.steps = {"prefill": 0, "decode": 0}
         self.commit_log: deque[tuple[str, float]] = deque(maxlen=100_000)  # (kind, commit time), for benchmarks
         self.waited = 0.0  # seconds this tick spent blocked on a copy event
+        self._commit_worker: ThreadPoolExecutor | None = None  # runs a commit's rest beside a mask fill
 
     # ---- requests -------------------------------------------------------------------------
     def reserve_tokens(self, seq: Sequence) -> int:
@@ -106,7 +114,13 @@ class Scheduler:
     # ---- the tick -------------------------------------------------------------------------
     def tick(self) -> None:
         """One scheduler tick. Pipelined (depth 2): launch(t+1), commit(t), finalize(t+1).
-        Blocking (depth 1): launch(t+1), finalize(t+1), commit(t+1). Same code, the depth decides."""
+        Blocking (depth 1): launch(t+1), finalize(t+1), commit(t+1). Same code, the depth decides.
+
+        A commit is two parts: its tokens in (each constrained row's matcher advanced: what the next
+        step's masks are built from), then the rest (text, stop checks, callbacks, finishing,
+        releases). When a constrained step waits for masks from a batched fill, the rest runs on the
+        commit worker while this thread is inside the fill (XGrammar's, which releases the
+        interpreter lock), and is done before the tick ends (invariant 5)."""
         start = time.perf_counter()
         self.waited = 0.0
         pipe = self.pipeline
@@ -115,11 +129,27 @@ class Scheduler:
             oldest = pipe.oldest()
             if not oldest.finalized:
                 self._finalize(oldest)
-            self._commit(oldest)
+            rest = functools.partial(self._commit_rest, oldest, self._commit_tokens(oldest))
+            following = pipe.unfinalized()
+            if following:
+                self._finalize(following[0], beside=rest)
+            else:
+                rest()
         for step in pipe.unfinalized():
             self._finalize(step)
         if self.runner.profiler is not None:
             self.runner.profiler.tick(start, time.perf_counter(), self.waited)
+
+    def _worker(self) -> ThreadPoolExecutor:
+        if self._commit_worker is None:
+            self._commit_worker = ThreadPoolExecutor(1, thread_name_prefix="slipstream-commit")
+        return self._commit_worker
+
+    def close(self) -> None:
+        """Stop the commit worker (the loop has ended)."""
+        if self._commit_worker is not None:
+            self._commit_worker.shutdown()
+            self._commit_worker = None
 
     def _launch_next(self) -> bool:
         start = time.perf_counter()
@@ -184,21 +214,32 @@ class Scheduler:
         return Step(self.pipeline.launched, "prefill" if chunks else "decode", decode + chunked, chunks, sampled,
                     any(s.constraint for s in sampled))
 
-    def _finalize(self, step: Step) -> None:
+    def _finalize(self, step: Step, beside: Callable[[], None] | None = None) -> None:
         """Queue the step's sampling. Masks come from committed state: the previous step has
-        committed by now whenever this step has a constrained row."""
+        committed by now whenever this step has a constrained row. `beside` (the rest of that
+        commit) runs on the commit worker while this thread is inside a batched fill, which holds
+        no interpreter lock; without one, it runs here first (only a constrained step, which is
+        masked, is finalized after its launch). Started any earlier, the worker would take the lock
+        at its first release, numpy's included, and the fill would wait for it."""
         masked = step.constrained
         start = time.perf_counter()
         if masked:
             words = self.runner.mask_rows(step)
             words[:] = ALL_ALLOWED
             rows: dict[type, list[tuple[int, TokenConstraint]]] = {}
-            for i, s in enumerate(step.sampled):
-                if s.constraint is not None and not s.finalized:
+            for i, s in enumerate(step.sampled):  # (a terminated constraint has no next token: its row is a zombie)
+                if s.constraint is not None and not s.finalized and not s.constraint.is_terminated():
                     rows.setdefault(type(s.constraint), []).append((i, s.constraint))
+            if beside is not None and not any(hasattr(kind, "fill_masks") for kind in rows):
+                beside()
+                beside = None
             for kind, group in rows.items():
                 if hasattr(kind, "fill_masks"):  # a batched fill (XGrammar's runs on several threads)
+                    running = self._worker().submit(beside) if beside is not None else None
+                    beside = None
                     kind.fill_masks([c for _, c in group], words, [i for i, _ in group])
+                    if running is not None:
+                        running.result()
                 else:
                     for i, c in group:
                         words[i] = 0
@@ -208,7 +249,9 @@ class Scheduler:
         self.pipeline.finalize(step)
         self._timed("sampling", start)
 
-    def _commit(self, step: Step) -> None:
+    def _commit_tokens(self, step: Step) -> list[int]:
+        """The first part of a commit: wait for the step's tokens, add them to the live sequences,
+        advance their constraints; the step leaves flight and its slot is free again."""
         before = time.perf_counter()
         tokens, logprobs = self.runner.wait_tokens(step)
         now = time.perf_counter()
@@ -216,15 +259,29 @@ class Scheduler:
         self.commit_log.append((step.kind, now))
         for i, (seq, tok) in enumerate(zip(step.sampled, tokens)):
             if not seq.finalized:
+                seq.output_ids.append(tok)
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
                 if seq.params.logprobs is not None:
                     seq.logprobs.append(_logprob_entry(tok, logprobs[i], seq.params.logprobs))
-                self._append(seq, tok, now)
-        for seq in step.seqs:
-            seq.inflight_refs -= 1
-            self._release_if_done(seq)
+                if seq.constraint is not None:
+                    seq.constraint.advance(tok)
         self.runner.release(step)
         self.pipeline.commit_oldest()
         self._timed("commit", now)
+        return tokens
+
+    def _commit_rest(self, step: Step, tokens: list[int]) -> None:
+        """The rest of a commit: each live row's text and stop checks, then the step's references
+        dropped and finished sequences released."""
+        start = time.perf_counter()
+        for seq, tok in zip(step.sampled, tokens):
+            if not seq.finalized:
+                self._after_token(seq, tok)
+        for seq in step.seqs:
+            seq.inflight_refs -= 1
+            self._release_if_done(seq)
+        self._timed("text", start)
 
     def _timed(self, phase: str, since: float) -> float:
         """Charge the CPU time since `since` to a profiler phase (while one measures); returns now."""
@@ -233,16 +290,10 @@ class Scheduler:
             self.runner.profiler.phase(phase, now - since)
         return now
 
-    def _append(self, seq: Sequence, tok: int, now: float) -> None:
-        seq.output_ids.append(tok)
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        grammar_done = False
-        if seq.constraint is not None:
-            seq.constraint.advance(tok)
-            grammar_done = seq.constraint.is_terminated()
-        stop_token = (tok in seq.eos_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids
-        stop_token = stop_token or grammar_done
+    def _after_token(self, seq: Sequence, tok: int) -> None:
+        """A committed token's text, and whether it ends the request."""
+        stop_token = ((tok in seq.eos_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids
+                      or (seq.constraint is not None and seq.constraint.is_terminated()))
         if not stop_token and not self._emit(seq, seq.text.push(tok)):
             self._finish(seq, "abort")
             return

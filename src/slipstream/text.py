@@ -17,6 +17,11 @@ class TextStream:
 
     def push(self, token_id: int) -> str:
         """Add a committed token; returns the text that is now safe to emit."""
+        if not self.stop:  # (the common case, per row of every commit: nothing is ever held back)
+            piece = self.detok.push(token_id)
+            self.text += piece
+            self.emitted = len(self.text)
+            return piece
         self._append(self.detok.push(token_id))
         return self._release(final=self.stopped)
 
