@@ -233,7 +233,9 @@ class SlowBatchFill(Successor):
         super().__init__(vocab_size)
         self.log = log
 
-    fill_masks = classmethod(lambda cls, constraints, words, rows: slow_fill(constraints, words, rows))
+    @classmethod
+    def fill_masks(cls, constraints: list["SlowBatchFill"], words, rows: list[int]) -> None:
+        slow_fill(constraints, words, rows)
 
 
 class SlowRowFill(Successor):

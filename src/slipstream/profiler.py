@@ -84,7 +84,8 @@ class StepProfiler:
                 **stats("gpu_idle", [b["start"] - a["end"] for a, b in pairs]),
                 **stats("step", [b["start"] - a["start"] for a, b in pairs]),
                 **stats("cpu_bookkeeping", cpu),
-                **{k: v for name in HOST_PHASES for k, v in stats(f"host_{name}", [t * 1e3 for t in self.host[name]]).items()},
+                **{k: v for name in HOST_PHASES
+                   for k, v in stats(f"host_{name}", [t * 1e3 for t in self.host[name]]).items()},
                 "decode_steps": len(decode)}
 
     def cpu_spans(self) -> list[tuple[float, float, float]]:

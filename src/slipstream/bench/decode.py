@@ -266,7 +266,8 @@ def format_table(results: list[BenchResult], floors: dict[int, float] | None = N
 
 
 def format_profile(profile: dict[str, dict[str, float]]) -> str:
-    cols = ("forward", "sampling", "gpu_busy", "cpu_bookkeeping", *(f"host_{p}" for p in HOST_PHASES), "gpu_idle", "step")
+    cols = ("forward", "sampling", "gpu_busy", "cpu_bookkeeping", *(f"host_{p}" for p in HOST_PHASES), "gpu_idle",
+            "step")
     lines = [f"{'mode':>22} " + " ".join(f"{c + ' med/p99 ms':>24}" for c in cols)]
     for mode, p in profile.items():
         lines.append(f"{mode:>22} " + " ".join(f"{p[c + '_median_ms']:>11.3f}/{p[c + '_p99_ms']:<12.3f}"
