@@ -44,6 +44,7 @@ class EngineConfig:
     'blocking' commits each step before launching the next (the A/B baseline and the oracle)."""
 
     model: str | None = None
+    tokenizer: str | None = None  # a tokenizer.json instead of the model's own (Moondream 2 ships none)
     device: str | torch.device | None = None
     dtype: str | torch.dtype = "auto"
     mode: str = "pipelined"

@@ -19,6 +19,7 @@ from .config import EngineConfig
 from .device import DeviceLayer
 from .kv_cache import KVCache, PagePool
 from .models.loader import build_model, load_checkpoint
+from .models.moondream.api import MoondreamAPI
 from .runner import ModelRunner
 from .sampling import SamplingParams, TokenConstraint
 from .scheduler import Scheduler, Sequence
@@ -43,6 +44,7 @@ class RequestOutput:
     finish_reason: str  # "stop" | "length" | "abort"
     metrics: RequestMetrics
     logprobs: list[dict[int, float]] | None = None  # per token: {id: logprob} for the top n and the sampled one
+    objects: list[dict[str, float]] | None = None  # Moondream point/detect: the points or boxes decoded
 
 
 class _Pending:
@@ -59,19 +61,25 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, on_finish: Callable[[Sequence], None]) -> None:
         self.config = cfg = config
-        ckpt = load_checkpoint(cfg.model)
+        ckpt = load_checkpoint(cfg.model, cfg.tokenizer)
         self.model_config = mc = ckpt.config
         self.tokenizer = ckpt.tokenizer
         self.max_model_len = min(cfg.max_model_len or DEFAULT_MAX_MODEL_LEN, mc.max_position_embeddings)
         self.layer = DeviceLayer(cfg.device)
         net = build_model(ckpt, cfg.dtype, cfg.device, self.max_model_len)
+        self.moondream = ckpt.moondream  # a MoondreamConfig, or None for a text model
+        heads = None
+        if self.moondream is not None:
+            from .models.moondream.heads import MoondreamHeads
+
+            heads = MoondreamHeads(self.moondream, net, ckpt.parts, cfg.max_num_seqs, cfg.dtype, cfg.device)
         del ckpt
         self.pool = PagePool(self._num_pages(), cfg.page_size)
         kv = KVCache(mc.num_layers, self.pool.num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, cfg.dtype,
                      cfg.device)
         pages_per_seq = self.pool.pages_for(self.max_model_len + 1)
         self.runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, cfg.step_tokens, pages_per_seq,
-                                  cfg.cuda_graphs)
+                                  cfg.cuda_graphs, heads)
         self.scheduler = Scheduler(self.runner, self.pool, cfg.depth, cfg.max_num_seqs, cfg.step_tokens,
                                    cfg.max_prefill_chunk, on_finish)
         self._ids = itertools.count()
@@ -116,6 +124,16 @@ class EngineCore:
                              f"{self.pool.total}; lower max_tokens or give the cache more memory")
         return seq
 
+    def make_image_sequence(self, image: Any, prompt_ids: list[int], params: SamplingParams, skill: int,
+                            spatial: Any = None, on_token: Callable[[int, int, str], None] | None = None) -> Sequence:
+        """A Moondream request: BOS + the image's 729 positions (prefilled from `image`, an ImageCrops)
+        then `prompt_ids`, under a skill code (and point/detect's state machine)."""
+        from .models.moondream.config import PREFIX_LEN
+
+        seq = self.make_sequence([self.moondream.tokenizer.bos_id] * PREFIX_LEN + prompt_ids, params, on_token)
+        seq.image, seq.prefix_len, seq.skill, seq.spatial = image, PREFIX_LEN, skill, spatial
+        return seq
+
     def _constraint(self, params: SamplingParams) -> TokenConstraint | None:
         """The request's constraint, compiled here on the submitting thread (never on the loop's)."""
         option = params.grammar_option
@@ -154,9 +172,10 @@ class EngineCore:
     def output(self, seq: Sequence) -> RequestOutput:
         first = seq.first_token_time
         return RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=seq.prompt_ids, token_ids=list(seq.output_ids),
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_ids[seq.prefix_len:], token_ids=list(seq.output_ids),
             text=seq.text.text, finish_reason=seq.finish_reason,
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+            objects=list(seq.spatial.objects) if seq.spatial is not None else None,
             metrics=RequestMetrics(ttft=None if first is None else first - seq.arrival,
                                    decode_seconds=0.0 if first is None else seq.finish_time - first))
 
@@ -169,8 +188,9 @@ class EngineCore:
                 "graph_memory_bytes": self.runner.graphs.memory_bytes if self.runner.graphs else 0}
 
 
-class LLM:
-    """The offline engine: `generate` for batches, `submit`/`result`/`abort` for anything finer."""
+class LLM(MoondreamAPI):
+    """The offline engine: `generate` for batches, `submit`/`result`/`abort` for anything finer; on a
+    Moondream 2 model also its skills (`caption`, `query`, `point`, `detect`, `encode_image`)."""
 
     def __init__(self, model: str | None = None, device: str | torch.device | None = None,
                  dtype: str | torch.dtype = "auto", mode: str = "pipelined", max_num_seqs: int = 256,
@@ -222,9 +242,15 @@ class LLM:
         """Yield the completion's text as it is committed: never half a UTF-8 character, and text that
         could still become a stop string is held back until decided. Concatenated, the pieces are
         the final text. Closing the generator early aborts the request."""
+        yield from self._stream(lambda on_token: self.core.make_sequence(prompt, params, on_token))
+
+    def _stream(self, make: Callable[[Callable[[int, int, str], None]], Sequence]) -> Iterator[str]:
+        """Queue the sequence `make(on_token)` builds (validated now), and iterate its text deltas."""
         deltas: queue.SimpleQueue = queue.SimpleQueue()
-        seq = self.core.make_sequence(prompt, params, lambda _rid, _n, delta: delta and deltas.put(delta))
-        rid = self._enqueue([(seq, _Pending(deltas))])[0]
+        seq = make(lambda _rid, _n, delta: delta and deltas.put(delta))
+        return self._deltas(self._enqueue([(seq, _Pending(deltas))])[0], deltas)
+
+    def _deltas(self, rid: int, deltas: queue.SimpleQueue) -> Iterator[str]:
         finished = False
         try:
             while (delta := deltas.get()) is not None:
@@ -234,6 +260,10 @@ class LLM:
         finally:
             if not finished:
                 self.abort(rid)
+
+    def _run(self, seq: Sequence) -> RequestOutput:
+        """Queue a built sequence and wait for its result."""
+        return self.result(self._enqueue([(seq, _Pending())])[0])
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:

@@ -34,6 +34,8 @@ class Step:
     chunks: list[tuple[int, int]] = field(default_factory=list)
     sampled: list[Any] = field(default_factory=list)
     constrained: bool = False
+    images: list[Any] = field(default_factory=list)  # Moondream sequences whose image prefix this step prefills
+    uploads: Any = None  # host tensors its asynchronous copies read, kept until it commits
     slot: int = -1
     finalized: bool = False
     num_rows: int = 0  # sampling rows, padding included

@@ -45,6 +45,8 @@ class SamplingFlags:
     any_filter: bool
     any_penalty: bool
     logprobs: int | None  # the largest top-n asked for, None when no row wants logprobs
+    any_skill: bool = False  # a Moondream skill's row: its rules run around eager sampling (heads.py)
+    any_spatial: bool = False  # a point/detect row: bins are decoded and copied back with the tokens
 
 
 def _largest_logprobs(asked: np.ndarray) -> int | None:
@@ -73,8 +75,10 @@ def token_buckets(max_tokens: int) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCache, layer: DeviceLayer, max_num_seqs: int,
-                 max_step_tokens: int, max_pages_per_seq: int, cuda_graphs: bool) -> None:
+                 max_step_tokens: int, max_pages_per_seq: int, cuda_graphs: bool, heads=None) -> None:
+        """`heads`: Moondream 2's vision and region work (models/moondream/heads.py), None for text models."""
         self.model = model
+        self.heads = heads
         self.kv = kv
         self.layer = layer
         self.page_size = kv.page_size
@@ -90,7 +94,9 @@ class ModelRunner:
         # the packed attention's tiles running at once, which its planner balances long tiles' splits over
         self.parallel_tiles = max(1, PROGRAMS_PER_SM * sm_count() // self.kv_heads) if layer.is_cuda else 1
         self.slots = [DecodeSlot(i, layer, max_step_tokens, max_num_seqs, max_pages_per_seq,
-                                 self._grid(max_step_tokens), self.vocab_size) for i in range(2)]
+                                 self._grid(max_step_tokens), self.vocab_size,
+                                 cfg.hidden_size if heads is not None else 0, model.lm_head.weight.dtype)
+                      for i in range(2)]
         self.last_tokens = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=layer.device)
         # each row's pages (allocated in full at admission, so fixed while the row is held), on the host
         self.row_pages = np.full((max_num_seqs + 1, max_pages_per_seq), SCRATCH_PAGE, dtype=np.int64)
@@ -100,6 +106,7 @@ class ModelRunner:
         self.row_filtered = np.zeros(max_num_seqs + 1, dtype=bool)
         self.row_penalized = np.zeros(max_num_seqs + 1, dtype=bool)
         self.row_logprobs = np.full(max_num_seqs + 1, -1, dtype=np.int64)  # top-n asked for, -1: none
+        self.row_skill = np.zeros(max_num_seqs + 1, dtype=np.int64)  # Moondream skill codes (skills.Skill)
         # penalty state per row, kept on the device and advanced by sampling itself (see apply_penalties)
         self.counts = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.int32, device=layer.device)
         self.prompt_mask = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.bool, device=layer.device)
@@ -128,10 +135,11 @@ class ModelRunner:
                 self.packed_forward(self.slots[0], n, self.logit_rows(n))
         torch.cuda.synchronize()
 
-    def bind_row(self, row: int, pages: list[int], params: SamplingParams, seed: int) -> None:
+    def bind_row(self, row: int, pages: list[int], params: SamplingParams, seed: int, skill: int = 0) -> None:
         """A sequence admitted at `row` holds these pages until the row is released; its sampling
-        parameters are fixed, so each step stages its rows' by one gather a field."""
+        parameters (and Moondream skill code) are fixed, so each step stages its rows' by one gather a field."""
         self.row_pages[row, : len(pages)] = pages
+        self.row_skill[row] = skill
         for name in _PER_ROW_PARAMS:
             self.row_params[name][row] = getattr(params, name)
         self.row_params["seeds"][row] = seed
@@ -163,17 +171,22 @@ class ModelRunner:
         held = h["rows"][:rows]  # (padded rows: the scratch row, whose parameters are neutral)
         for name, table in self.row_params.items():
             h[name][:rows] = table[held]
+        skills = self.row_skill[held]
+        h["skill"][:rows] = skills
         slot.flags = SamplingFlags(bool((h["temperature"][:rows] > 0).any()), bool(self.row_filtered[held].any()),
-                                   bool(self.row_penalized[held].any()), _largest_logprobs(self.row_logprobs[held]))
+                                   bool(self.row_penalized[held].any()), _largest_logprobs(self.row_logprobs[held]),
+                                   bool(skills.any()), bool((skills >= 2).any()))
         flags = slot.flags
         slot.fused = (self.graphs is not None and step.kind == "decode" and not step.constrained
-                      and not (flags.any_random or flags.any_penalty) and flags.logprobs is None)
+                      and not (flags.any_random or flags.any_penalty or flags.any_skill) and flags.logprobs is None)
         if self.profiler is not None:
             self.profiler.mark(step, 0)
         # (the slot's previous step has committed, so nothing queued still reads its metadata)
         self.layer.upload_ahead(slot.meta_dev, slot.meta_host, slot.uploaded_event)
         if step.kind == "prefill":
             self._reset_penalty_rows(step, slot.dev["ids"])
+            if step.images:
+                self._prefill_images(step)
             if self.prefill_captured:
                 logits = self.graphs.replay_packed(slot.index, padded)
             else:
@@ -185,6 +198,20 @@ class ModelRunner:
             slot.logits = self.decode_forward(slot, rows, width)
         if self.profiler is not None:
             self.profiler.mark(step, 1)
+
+    def _prefill_images(self, step: Step) -> None:
+        """The image prefixes of the step's new Moondream sequences, before its packed forward (whose
+        chunks of their prompts attend to them): one encoder forward over all their crops."""
+        from .models.moondream.heads import prefix_slots
+
+        seqs = step.images
+        slots = torch.from_numpy(prefix_slots(self.row_pages, [s.row for s in seqs], self.page_size))
+        crops = torch.cat([s.image.crops for s in seqs])
+        if self.layer.is_cuda:
+            slots, crops = slots.pin_memory(), (crops if crops.is_pinned() else crops.pin_memory())
+        step.uploads = (slots, crops)  # (kept until the step commits: the copies read them asynchronously)
+        self.heads.prefill_images(crops.to(self.layer.device, non_blocking=True), [s.image.tiling for s in seqs],
+                                  slots.to(self.layer.device, non_blocking=True), self.kv)
 
     def _stage_decode(self, seqs: list, h: dict[str, np.ndarray]) -> int:
         """One token per row, at each sequence's next position; returns the page-table width used."""
@@ -255,14 +282,14 @@ class ModelRunner:
                                d["decode_lens"][:self.logit_rows(tokens) if self.decode_rows_apart else 0],
                                slot.host_lens)
         return self.model(ids, d["positions"][:tokens], attn, self.kv, d["logits_index"][:logit_rows],
-                          slot.logits_buffer)
+                          slot.logits_buffer, slot.hidden)
 
     def decode_forward(self, slot: DecodeSlot, rows: int, width: int) -> torch.Tensor:
         """The decode forward over the slot's staged metadata (eager, or inside a graph capture)."""
         d = slot.dev
         attn = AttentionInputs(d["slot_mapping"][:rows], d["page_table"][:rows, :width], d["context_lens"][:rows])
         return self.model(self.last_tokens[d["rows"][:rows]], d["positions"][:rows], attn, self.kv, None,
-                          slot.logits_buffer)
+                          slot.logits_buffer, slot.hidden)
 
     def greedy_tail(self, slot: DecodeSlot, rows: int, logits: torch.Tensor) -> None:
         """Greedy sampling as captured in the fused graphs: argmax (on CUDA the sampling kernel, half
@@ -290,6 +317,7 @@ class ModelRunner:
             slot.host_lens = []
         for name in _PER_ROW_PARAMS:
             h[name][: min(rows, self.max_rows)] = _NEUTRAL[name]
+        h["skill"][: min(rows, self.max_rows)] = 0
         self.layer.upload(slot.meta_dev, slot.meta_host)
 
     def _pad_tokens(self, h: dict[str, np.ndarray], pad: slice) -> None:
@@ -329,7 +357,7 @@ class ModelRunner:
         if not slot.fused and rows:  # (a fused graph already sampled greedily)
             variant = (masked, flags.any_random, flags.any_filter)
             if (self.graphs is not None and step.kind == "decode" and not flags.any_penalty and flags.logprobs is None
-                    and variant in SAMPLING_VARIANTS):
+                    and not flags.any_skill and variant in SAMPLING_VARIANTS):
                 self.graphs.replay_sampling(slot.index, rows, variant)
             else:
                 self.sample_rows(slot, rows, masked, flags, slot.logits)
@@ -339,6 +367,8 @@ class ModelRunner:
         slot.landing.start(slot.sampled[:rows], slot.sampled_event)
         if flags.logprobs is not None:
             slot.logprobs_landing.start(slot.logprobs[:rows], slot.sampled_event)
+        if flags.any_spatial:
+            slot.values_landing.start(slot.values[:rows], slot.sampled_event)
 
     def sample_rows(self, slot: DecodeSlot, rows: int, masked: bool, flags: SamplingFlags,
                     logits: torch.Tensor) -> None:
@@ -356,17 +386,24 @@ class ModelRunner:
                                any_filter=flags.any_filter, any_penalty=flags.any_penalty)
         counts = self.counts[row_ids] if flags.any_penalty else None
         prompt_mask = self.prompt_mask[row_ids] if flags.any_penalty else None
+        if flags.any_skill:
+            self.heads.ban_answer(logits, d["skill"][:rows], d["token_index"][:rows])
         tokens = sample(logits, inputs, mask, counts, prompt_mask)
-        self.last_tokens.index_copy_(0, row_ids, tokens)
+        next_ids = tokens
+        if flags.any_spatial:
+            tokens, next_ids, bins = self.heads.spatial(tokens, slot.hidden[:rows], d["skill"][:rows],
+                                                        d["token_index"][:rows], row_ids)
+            slot.values[:rows].copy_(bins)
+        self.last_tokens.index_copy_(0, row_ids, next_ids)
         if flags.any_penalty:
             self.counts.index_put_((row_ids, tokens), self.ones[:rows], accumulate=True)
         slot.sampled[:rows].copy_(tokens)
         if flags.logprobs is not None:
             slot.logprobs[:rows, : 1 + 2 * flags.logprobs].copy_(top_logprobs(logits, tokens, flags.logprobs))
 
-    def wait_tokens(self, step: Step) -> tuple[list[int], np.ndarray | None]:
-        """Block until `step`'s sampled tokens (and logprobs rows, if any row asked) have landed
-        on the host; one entry per live row."""
+    def wait_tokens(self, step: Step) -> tuple[list[int], np.ndarray | None, np.ndarray | None]:
+        """Block until `step`'s sampled tokens (and logprobs rows, if any row asked, and the bins of
+        point/detect rows) have landed on the host; one entry per live row."""
         slot = self.slots[step.slot]
         landed = slot.landing.wait()[: len(step.sampled)].numpy()
         if landed.size and (landed.min() < 0 or landed.max() >= self.vocab_size):
@@ -375,7 +412,8 @@ class ModelRunner:
         logprobs = None
         if slot.flags.logprobs is not None:
             logprobs = slot.logprobs_landing.wait()[: len(step.sampled), : 1 + 2 * slot.flags.logprobs].numpy()
-        return landed.tolist(), logprobs
+        bins = slot.values_landing.wait()[: len(step.sampled)].numpy() if slot.flags.any_spatial else None
+        return landed.tolist(), logprobs, bins
 
     def release(self, step: Step) -> None:
         self.slots[step.slot].release()

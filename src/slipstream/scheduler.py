@@ -31,7 +31,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from .kv_cache import PagePool
 from .pipeline import Pipeline, Step
@@ -64,6 +64,12 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     error: BaseException | None = None  # raised by the request's own callback; the request is aborted
+    # Moondream: the image whose prefix (prompt positions [0, prefix_len)) its first step prefills,
+    # the row's skill code (skills.Skill), and point/detect's state machine
+    image: Any = None
+    prefix_len: int = 0
+    skill: int = 0
+    spatial: Any = None
 
     @property
     def prefilling(self) -> bool:
@@ -186,7 +192,7 @@ class Scheduler:
         budget = self.max_step_tokens - len(decode)
         if decode:
             budget = min(budget, self.max_prefill_chunk)
-        chunked, chunks = [], []
+        chunked, chunks, images = [], [], []
         for s in prefilling:  # admitted earlier (in admission order), part of the prompt still to go
             if budget == 0:
                 break
@@ -196,23 +202,30 @@ class Scheduler:
             budget -= n
         while budget > 0 and self.waiting and self.free_rows:
             seq = self.waiting[0]
+            if seq.image is not None and seq.prefix_len >= budget and chunks:
+                break  # (an image prefix goes whole into one step, alone among prompts if the budget is smaller)
             n_pages = self.pool.pages_for(self.reserve_tokens(seq))
             if n_pages > self.pool.num_free:
                 break
             self.waiting.popleft()
             seq.row = self.free_rows.pop()
             seq.pages = self.pool.allocate(n_pages)
-            self.runner.bind_row(seq.row, seq.pages, seq.params, seq.seed)
+            self.runner.bind_row(seq.row, seq.pages, seq.params, seq.seed, seq.skill)
             self.running[seq.request_id] = seq
-            n = min(budget, len(seq.prompt_ids))
+            start = 0
+            if seq.image is not None:
+                images.append(seq)
+                start = seq.prefix_len
+                budget = max(1, budget - start)
+            n = min(budget, len(seq.prompt_ids) - start)
             chunked.append(seq)
-            chunks.append((0, n))
+            chunks.append((start, n))
             budget -= n
         if not decode and not chunks:
             return None
         sampled = decode + [s for s, (start, n) in zip(chunked, chunks) if start + n == len(s.prompt_ids)]
         return Step(self.pipeline.launched, "prefill" if chunks else "decode", decode + chunked, chunks, sampled,
-                    any(s.constraint for s in sampled))
+                    any(s.constraint for s in sampled), images)
 
     def _finalize(self, step: Step, beside: Callable[[], None] | None = None) -> None:
         """Queue the step's sampling. Masks come from committed state: the previous step has
@@ -253,7 +266,7 @@ class Scheduler:
         """The first part of a commit: wait for the step's tokens, add them to the live sequences,
         advance their constraints; the step leaves flight and its slot is free again."""
         before = time.perf_counter()
-        tokens, logprobs = self.runner.wait_tokens(step)
+        tokens, logprobs, bins = self.runner.wait_tokens(step)
         now = time.perf_counter()
         self.waited += now - before
         self.commit_log.append((step.kind, now))
@@ -266,6 +279,8 @@ class Scheduler:
                     seq.logprobs.append(_logprob_entry(tok, logprobs[i], seq.params.logprobs))
                 if seq.constraint is not None:
                     seq.constraint.advance(tok)
+                if seq.spatial is not None:
+                    seq.spatial.advance(tok, bins[i])
         self.runner.release(step)
         self.pipeline.commit_oldest()
         self._timed("commit", now)
@@ -293,7 +308,8 @@ class Scheduler:
     def _after_token(self, seq: Sequence, tok: int) -> None:
         """A committed token's text, and whether it ends the request."""
         stop_token = ((tok in seq.eos_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids
-                      or (seq.constraint is not None and seq.constraint.is_terminated()))
+                      or (seq.constraint is not None and seq.constraint.is_terminated())
+                      or (seq.spatial is not None and seq.spatial.done))
         if not stop_token and not self._emit(seq, seq.text.push(tok)):
             self._finish(seq, "abort")
             return
@@ -331,7 +347,7 @@ class Scheduler:
             self.free_rows.append(seq.row)
             del self.running[seq.request_id]
             seq.pages, seq.row = [], -1
-            seq.constraint = None  # frees its matcher
+            seq.constraint = seq.image = None  # frees its matcher, its crops
 
 
 def _logprob_entry(token: int, row, n: int) -> dict[int, float]:

@@ -19,7 +19,7 @@ from .sampling import MAX_LOGPROBS
 _SECTIONS = (("ids", "T"), ("positions", "T"), ("slot_mapping", "T"), ("rows", "B"), ("context_lens", "B"),
              ("decode_lens", "B"), ("query_start", "B1"), ("logits_index", "B"), ("seeds", "B"), ("token_index", "B"),
              ("top_k", "B"), ("temperature", "B"), ("top_p", "B"), ("min_p", "B"), ("repetition_penalty", "B"),
-             ("presence_penalty", "B"), ("frequency_penalty", "B"), ("programs", "G"), ("page_table", "BP"))
+             ("presence_penalty", "B"), ("frequency_penalty", "B"), ("skill", "B"), ("programs", "G"), ("page_table", "BP"))
 FLOAT_SECTIONS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
@@ -50,7 +50,8 @@ def meta_size(max_tokens: int, max_rows: int, max_pages: int, max_programs: int)
 
 class DecodeSlot:
     def __init__(self, index: int, layer: DeviceLayer, max_tokens: int, max_rows: int, max_pages: int,
-                 max_programs: int, vocab_size: int) -> None:
+                 max_programs: int, vocab_size: int, hidden_size: int = 0, dtype: torch.dtype = torch.float32) -> None:
+        """`hidden_size` > 0 keeps each step's hidden states of its sampled rows (Moondream's region heads)."""
         self.index = index
         size = meta_size(max_tokens, max_rows, max_pages, max_programs)
         self.meta_host = layer.pinned(size, torch.int64)
@@ -69,6 +70,9 @@ class DecodeSlot:
         self.logprobs = torch.zeros((max_rows, 1 + 2 * MAX_LOGPROBS), dtype=torch.float64, device=layer.device)
         self.logprobs_landing = layer.landing((max_rows, 1 + 2 * MAX_LOGPROBS), torch.float64)
         self.logits_buffer = torch.zeros((max_rows, vocab_size), dtype=torch.float32, device=layer.device)
+        self.hidden = torch.zeros((max_rows, hidden_size), dtype=dtype, device=layer.device) if hidden_size else None
+        self.values = torch.zeros((max_rows, 3), dtype=torch.int64, device=layer.device)  # point/detect bins
+        self.values_landing = layer.landing((max_rows, 3), torch.int64)
         self.flags = None  # the runner's per-step sampling flags, set at launch
         self.fused = False  # this step's decode graph already sampled greedily
         self.logits: torch.Tensor | None = None  # this step's rows of logits_buffer
@@ -79,3 +83,4 @@ class DecodeSlot:
         self.logits = None
         self.landing.poison()
         self.logprobs_landing.poison()
+        self.values_landing.poison()

@@ -29,6 +29,8 @@ class AttentionInputs:
     programs: torch.Tensor | None = None  # [PROGRAM_FIELDS, G] (packed): the Triton kernel's grid (plan_programs)
     decode_lens: torch.Tensor | None = None  # [R] (packed): contexts of the step's leading decode rows, then 0
     host_lens: list[tuple[int, int]] | None = None  # (tokens, context) per sequence, for the torch path
+    block_len: int = 0  # > 0: sequences of this many tokens from position 0, each attending to all of
+    # itself (Moondream's image prefix: bidirectional, no page table needed)
 
     @property
     def packed(self) -> bool:
@@ -152,6 +154,11 @@ def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ro
     """Rotary on q and k, the KV write into the pages, then attention: [tokens, heads, head_dim] in
     and out (into `out` when given). On CUDA a decode step runs all of it in one Triton kernel and
     a packed step in three (packed_attention.packed_step); everything else runs the torch path."""
+    if attn.block_len:
+        q, k = apply_rotary(q, *rope.rows), apply_rotary(k, *rope.rows)
+        write_kv(*pages, k, v, attn.slot_mapping)
+        o = block_attention(q, k, v, attn.block_len, scale)
+        return o if out is None else out.copy_(o)
     if q.is_cuda and triton_serves(attn.packed, q.shape[-1], pages[0].shape[1]):
         if not attn.packed:
             from .paged_decode import paged_decode_attention
@@ -207,6 +214,16 @@ def packed_attention_reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: 
         out[start:start + n] = o.transpose(0, 1)
         start += n
     return out
+
+
+def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_len: int, scale: float) -> torch.Tensor:
+    """Blocks of `block_len` tokens, each token attending to every token of its block (no mask):
+    q [T, H, D], k and v [T, KVH, D], T a multiple of block_len."""
+    def blocks(x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1, block_len, *x.shape[1:]).transpose(1, 2)
+
+    o = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v), scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    return o.transpose(1, 2).reshape(q.shape)
 
 
 def decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,

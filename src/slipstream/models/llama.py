@@ -122,21 +122,25 @@ class CausalLM(nn.Module):
             layer.fuse()
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionInputs, kv: KVCache,
-                logits_index: torch.Tensor | None, logits_out: torch.Tensor | None = None) -> torch.Tensor:
+                logits_index: torch.Tensor | None, logits_out: torch.Tensor | None = None,
+                hidden_out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [rows, vocab] (fp32) for the tokens at `logits_index` (all tokens when None), into
-        the first rows of `logits_out` when given."""
+        the first rows of `logits_out` when given; those rows' hidden states before the final norm
+        into `hidden_out` when given (Moondream's region heads read them)."""
         x = self.model.embed_tokens(ids)
         rope = self.rotary.table(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, rope, attn, kv.layer(i))
         norm = getattr(self.model, self.final_norm)
-        pending = isinstance(x, PendingSum)
-        if pending:  # (a decode-sized step on CUDA: the norm finishes the last layer's sum, every row)
-            x = norm.add(x)[1]
+        normed = None
+        if isinstance(x, PendingSum):  # (a decode-sized step on CUDA: the norm finishes the last layer's sum, every row)
+            x, normed = norm.add(x)
         if logits_index is not None:
             x = x[logits_index]
-        if not pending:
-            x = norm(x)
+            normed = None if normed is None else normed[logits_index]
+        if hidden_out is not None:
+            hidden_out[: x.shape[0]].copy_(x)
+        x = norm(x) if normed is None else normed
         if logits_out is not None:
             return linear(x, self.lm_head.weight, self.lm_head.bias, out=logits_out[: x.shape[0]])
         return linear(x, self.lm_head.weight, self.lm_head.bias, out_dtype=torch.float32)

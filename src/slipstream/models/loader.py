@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ class Checkpoint:
     tensors: dict[str, torch.Tensor]
     files: dict[str, str]  # tensor name -> the file it came from
     source: str
+    moondream: Any = None  # a MoondreamConfig, for Moondream 2 (whose vision and region tensors are in `parts`)
+    parts: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 def embedded_default_path() -> Path:
@@ -47,8 +49,9 @@ def embedded_default_path() -> Path:
     raise FileNotFoundError(f"the package {EMBEDDED_PACKAGE} holds no .gguf file; reinstall it")
 
 
-def load_checkpoint(model: str | Path | None) -> Checkpoint:
-    """`model` is None (the embedded default), 'random:PRESET', a HF directory or a .gguf file."""
+def load_checkpoint(model: str | Path | None, tokenizer: str | Path | None = None) -> Checkpoint:
+    """`model` is None (the embedded default), 'random:PRESET', a HF directory (Moondream 2's
+    included) or a .gguf file; `tokenizer` a tokenizer.json to use instead of the model's own."""
     if isinstance(model, str) and model.startswith("random:"):
         from .random_checkpoint import cached_checkpoint
 
@@ -58,10 +61,23 @@ def load_checkpoint(model: str | Path | None) -> Checkpoint:
         raise FileNotFoundError(f"model path {str(path)!r} does not exist (pass a Hugging Face model directory "
                                 f"or a .gguf file; slipstream never downloads weights)")
     if path.is_file() and path.suffix == ".gguf":
-        return _load_gguf(path)
-    if path.is_dir():
-        return _load_hf_dir(path)
-    raise ValueError(f"{path}: not a model directory or a .gguf file")
+        ckpt = _load_gguf(path)
+    elif path.is_dir():
+        ckpt = _load_hf_dir(path, tokenizer)
+    else:
+        raise ValueError(f"{path}: not a model directory or a .gguf file")
+    if tokenizer is not None and ckpt.moondream is None:
+        ckpt.tokenizer = _tokenizer_file(Path(tokenizer))
+    return ckpt
+
+
+def _tokenizer_file(file: Path) -> Tokenizer:
+    """A tokenizer.json given by path (or the folder holding one)."""
+    file = file.expanduser()
+    folder = file if file.is_dir() else file.parent
+    if not file.is_dir() and file.name != "tokenizer.json":
+        raise ValueError(f"tokenizer {str(file)!r}: expected a tokenizer.json file or the folder holding one")
+    return Tokenizer.from_dir(folder)
 
 
 def build_model(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_len: int) -> CausalLM:
@@ -95,11 +111,14 @@ def _read_json(file: Path) -> dict[str, Any]:
         raise ValueError(f"{file}: malformed JSON ({e})") from None
 
 
-def _load_hf_dir(path: Path) -> Checkpoint:
+def _load_hf_dir(path: Path, tokenizer: str | Path | None) -> Checkpoint:
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path}: no config.json; not a Hugging Face model directory")
-    config = ModelConfig.from_hf(_read_json(cfg_file), str(cfg_file))
+    raw = _read_json(cfg_file)
+    if raw.get("model_type") == "moondream1":
+        return _load_moondream(path, raw, tokenizer)
+    config = ModelConfig.from_hf(raw, str(cfg_file))
     gen_file = path / "generation_config.json"
     if gen_file.exists():
         extra = _read_json(gen_file).get("eos_token_id")
@@ -120,6 +139,29 @@ def _load_hf_dir(path: Path) -> Checkpoint:
         except Exception as e:
             raise ValueError(f"{f}: cannot read safetensors file ({e}); it is corrupt or truncated") from None
     return Checkpoint(config, Tokenizer.from_dir(path), tensors, origin, str(path))
+
+
+def _load_moondream(path: Path, raw: dict[str, Any], tokenizer: str | Path | None) -> Checkpoint:
+    from .moondream.config import MoondreamConfig
+    from .moondream.weights import check_tensors, module_state, read_tensors, text_as_phi
+
+    cfg = MoondreamConfig.from_overrides(raw.get("config"), str(path / "config.json"))
+    if tokenizer is not None:
+        tok = _tokenizer_file(Path(tokenizer))
+    elif (path / "tokenizer.json").exists():
+        tok = Tokenizer.from_dir(path)
+    else:
+        raise FileNotFoundError(f"{path}: Moondream 2 ships no tokenizer; put moondream/starmie-v1's tokenizer.json "
+                                f"next to the checkpoint or pass tokenizer=PATH (--tokenizer)")
+    if tok.vocab_size > cfg.text.vocab_size:
+        raise ValueError(f"{path}: the tokenizer has {tok.vocab_size} tokens, more than the model's "
+                         f"{cfg.text.vocab_size}; it is not this model's tokenizer")
+    tensors = read_tensors(path)
+    check_tensors(tensors, cfg, str(path))
+    text = text_as_phi(tensors, cfg)
+    files = {name: str(path / "model.safetensors") for name in text}
+    parts = {"vision": module_state(tensors, "model.vision"), "region": module_state(tensors, "model.region")}
+    return Checkpoint(cfg.text_model(), tok, text, files, str(path), cfg, parts)
 
 
 _GGUF_LAYER_NAMES = {

@@ -57,9 +57,10 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def build_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
+def build_tokenizer(vocab_size: int, seed: int = 0, specials: list[str] = SPECIAL_TOKENS) -> Tokenizer:
+    """`specials` take the first ids, in order."""
     byte_symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + byte_symbols)}
+    vocab = {t: i for i, t in enumerate(specials + byte_symbols)}
     if vocab_size < len(vocab):
         raise ValueError(f"a byte-level vocabulary needs at least {len(vocab)} tokens, got {vocab_size}")
     merges: list[tuple[str, str]] = []
@@ -74,7 +75,7 @@ def build_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
             for i in range(1, len(spelled)):
                 merge(spelled[:i], spelled[i])
     rng = random.Random(seed)
-    pieces = [t for t in vocab if t not in SPECIAL_TOKENS and all(c in PIECE_CHARS for c in t)]
+    pieces = [t for t in vocab if t not in specials and all(c in PIECE_CHARS for c in t)]
     while len(vocab) < vocab_size:
         a, b = rng.choice(pieces), rng.choice(pieces[:200])
         if len(a) + len(b) <= 12 and "Ġ" not in b and a + b not in vocab:
@@ -83,7 +84,7 @@ def build_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
     tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return tok
 
 
@@ -122,9 +123,19 @@ def random_weights(cfg_dict: dict[str, Any], std: float, dtype: torch.dtype, see
     return out
 
 
+def preset_names() -> list[str]:
+    from .moondream.random import MOONDREAM_PRESETS
+
+    return [*PRESETS, *MOONDREAM_PRESETS]
+
+
 def write_checkpoint(preset: str, out: Path, seed: int = 0) -> Path:
+    from .moondream.random import MOONDREAM_PRESETS, write_moondream
+
+    if preset in MOONDREAM_PRESETS:
+        return write_moondream(preset, out, seed)
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(preset_names())}")
     p = PRESETS[preset]
     out.mkdir(parents=True, exist_ok=True)
     cfg = hf_config(p)
@@ -143,8 +154,8 @@ def cache_dir() -> Path:
 
 def cached_checkpoint(preset: str) -> Path:
     """The checkpoint for `random:PRESET`, built into the cache folder the first time it is asked for."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset 'random:{preset}'; choose one of {', '.join(PRESETS)}")
+    if preset not in preset_names():
+        raise ValueError(f"unknown preset 'random:{preset}'; choose one of {', '.join(preset_names())}")
     final = cache_dir() / "random" / preset
     if not (final / "model.safetensors").exists():
         final.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,91 @@
+"""Moondream 2's skills on `LLM`, as the moondream Python client names them:
+`caption`, `query`, `point`, `detect` (and `encode_image`), each taking a PIL image, a path, bytes
+or an encoded image. Images are decoded and tiled here, on the caller's thread; the request then
+runs in the engine's pipelined loop beside text requests."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from ...sampling import SamplingParams
+from .image import ImageCrops, load_image, make_crops
+from .skills import Skill, SpatialSkill, caption_prompt, object_prompt, query_prompt, settings_dict
+
+
+class EncodedImage:
+    """An image decoded and tiled once (`LLM.encode_image`), to ask several skills about."""
+
+    def __init__(self, crops: ImageCrops) -> None:
+        self.crops = crops
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.crops.size
+
+
+class MoondreamAPI:
+    """Mixed into `LLM`; every method raises ValueError on a model that is not Moondream 2."""
+
+    def _moondream(self):
+        if self.core.moondream is None:
+            raise ValueError("this model is not Moondream 2: caption, query, point and detect need a Moondream 2 "
+                             "checkpoint (config.json model_type 'moondream1'), e.g. random:tiny-moondream")
+        return self.core.moondream
+
+    def encode_image(self, image: Any) -> EncodedImage:
+        """Decode and tile an image once, for several requests about it."""
+        cfg = self._moondream()
+        if isinstance(image, EncodedImage):
+            return image
+        crops = make_crops(load_image(image), cfg.vision)
+        if self.core.layer.is_cuda:
+            crops.crops = crops.crops.pin_memory()  # (so the upload to the device is asynchronous)
+        return EncodedImage(crops)
+
+    def caption(self, image: Any, length: str = "normal", stream: bool = False,
+                settings: dict[str, Any] | None = None) -> dict[str, str | Iterator[str]]:
+        cfg = self._moondream()
+        prompt = caption_prompt(cfg.tokenizer, length)
+        return {"caption": self._text_skill(image, prompt, settings, stream)}
+
+    def query(self, image: Any, question: str, stream: bool = False,
+              settings: dict[str, Any] | None = None) -> dict[str, str | Iterator[str]]:
+        cfg = self._moondream()
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("question must be a non-empty string")
+        prompt = query_prompt(cfg.tokenizer, self.tokenizer.encode(question))
+        return {"answer": self._text_skill(image, prompt, settings, stream)}
+
+    def point(self, image: Any, object: str, settings: dict[str, Any] | None = None) -> dict[str, list]:
+        return {"points": self._spatial_skill(image, object, settings, detect=False)}
+
+    def detect(self, image: Any, object: str, settings: dict[str, Any] | None = None) -> dict[str, list]:
+        return {"objects": self._spatial_skill(image, object, settings, detect=True)}
+
+    # ---- the requests ----------------------------------------------------------------------
+    def _text_skill(self, image: Any, prompt: list[int], settings: dict[str, Any] | None,
+                    stream: bool) -> str | Iterator[str]:
+        s = settings_dict(settings)
+        params = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_tokens"])
+        crops = self.encode_image(image).crops
+
+        def make(on_token):
+            return self.core.make_image_sequence(crops, prompt, params, Skill.TEXT, on_token=on_token)
+
+        if stream:
+            return self._stream(make)
+        return self._run(make(None)).text
+
+    def _spatial_skill(self, image: Any, object: str, settings: dict[str, Any] | None,
+                       detect: bool) -> list[dict[str, float]]:
+        cfg = self._moondream()
+        if not isinstance(object, str) or not object.strip():
+            raise ValueError("object must be a non-empty string")
+        s = settings_dict(settings)
+        skill = "detect" if detect else "point"
+        prompt = object_prompt(cfg.tokenizer, skill, self.tokenizer.encode(" " + object))
+        spatial = SpatialSkill(detect, s["max_objects"], cfg.tokenizer.eos_id)
+        params = SamplingParams(temperature=0.0, max_tokens=min(s["max_tokens"], spatial.max_steps()))
+        seq = self.core.make_image_sequence(self.encode_image(image).crops, prompt, params,
+                                            Skill.DETECT if detect else Skill.POINT, spatial)
+        self._run(seq)
+        return list(spatial.objects)
