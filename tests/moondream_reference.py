@@ -32,8 +32,9 @@ def mlp(w, name, x):
 
 
 class Moondream:
-    def __init__(self, path: Path, dtype=torch.float32) -> None:
-        self.w = {k: v.to(dtype) for k, v in load_file(str(path / "model.safetensors")).items()}
+    def __init__(self, path: Path, dtype=torch.float32, device="cpu") -> None:
+        self.w = {k: v.to(device=device, dtype=dtype) for k, v in load_file(str(path / "model.safetensors")).items()}
+        self.device = device
         self.cfg = json.loads((path / "config.json").read_text()).get("config", {})
         text, vision = self.cfg.get("text", {}), self.cfg.get("vision", {})
         self.layers = text.get("n_layers", 24)
@@ -73,7 +74,7 @@ class Moondream:
         big = np.asarray(image.resize((tw * 266 + 112, th * 266 + 112), Image.LANCZOS))
         out += [big[266 * i:266 * i + 378, 266 * j:266 * j + 378] for i in range(th) for j in range(tw)]
         x = torch.from_numpy(np.stack(out)).permute(0, 3, 1, 2).to(torch.bfloat16)
-        return ((x / 255 - 0.5) / 0.5).to(self.dtype), (th, tw)
+        return ((x / 255 - 0.5) / 0.5).to(device=self.device, dtype=self.dtype), (th, tw)
 
     # ---- §1.1, §3.7-3.10: vision --------------------------------------------------------------
     def image_embeddings(self, image: Image.Image) -> torch.Tensor:
@@ -94,13 +95,13 @@ class Moondream:
         x = layer_norm(w, "model.vision.post_ln", x)
         e = x.shape[-1]
         local = x[1:].view(th, tw, 27, 27, e)
-        grid = torch.zeros(19 * th + 8, 19 * tw + 8, e, dtype=x.dtype)
+        grid = x.new_zeros(19 * th + 8, 19 * tw + 8, e)
         for i in range(th):
             for j in range(tw):
                 r0, r1 = (0 if i == 0 else 4), (27 if i == th - 1 else 23)
                 c0, c1 = (0 if j == 0 else 4), (27 if j == tw - 1 else 23)
                 grid[19 * i + r0:19 * i + r1, 19 * j + c0:19 * j + c1] = local[i, j, r0:r1, c0:c1]
-        pooled = torch.zeros(27, 27, e, dtype=x.dtype)  # adaptive average pooling, windows written out
+        pooled = x.new_zeros(27, 27, e)  # adaptive average pooling, windows written out
         gh, gw = grid.shape[:2]
         for oy in range(27):
             for ox in range(27):
@@ -114,10 +115,11 @@ class Moondream:
     def text(self, x: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Input embeddings [T, dim] -> (logits of the last position, hidden states before post_ln [T, dim])."""
         w, t = self.w, x.shape[0]
-        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+        pos = torch.arange(t, device=x.device)
+        i, j = pos[:, None], pos[None, :]
         allowed = (j <= i) | ((i < prefix) & (j < prefix))
-        inv = 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32))
-        ang = torch.arange(t).float()[:, None] * inv[None, :]
+        inv = 1.0 / (10000 ** (torch.arange(0, 32, 2, device=x.device).float() / 32))
+        ang = pos.float()[:, None] * inv[None, :]
         cos, sin = ang.cos().to(self.dtype), ang.sin().to(self.dtype)
 
         def rope(q):  # q [heads, T, 64]: pairs (j, 16 + j) of the first 32 dims rotate
@@ -138,11 +140,13 @@ class Moondream:
 
     # ---- §6: region -------------------------------------------------------------------------
     def encode_coord(self, c: float) -> torch.Tensor:
-        f = 2 * math.pi * torch.tensor([[c]], dtype=self.dtype) @ self.w["model.region.coord_features"]
+        c = torch.tensor([[c]], dtype=self.dtype, device=self.device)
+        f = 2 * math.pi * c @ self.w["model.region.coord_features"]
         return linear(self.w, "model.region.coord_encoder", torch.cat([f.cos(), f.sin()], dim=-1))[0]
 
     def encode_size(self, wh: tuple[float, float]) -> torch.Tensor:
-        f = 2 * math.pi * torch.tensor([wh], dtype=torch.float32).to(self.dtype) @ self.w["model.region.size_features"]
+        wh = torch.tensor([wh], dtype=torch.float32, device=self.device).to(self.dtype)
+        f = 2 * math.pi * wh @ self.w["model.region.size_features"]
         return linear(self.w, "model.region.size_encoder", torch.cat([f.cos(), f.sin()], dim=-1))[0]
 
     def decode_coord(self, hidden: torch.Tensor) -> float:

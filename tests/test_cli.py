@@ -67,3 +67,25 @@ def test_bench_traffic_workloads_write_json_and_a_plot(tmp_path, capsys):
     assert "--request-rate takes numbers" in capsys.readouterr().err
     assert main(base + ["--workload", "mixed", "--prompt-range", "9,3"]) == 2
     assert "--prompt-range takes two lengths" in capsys.readouterr().err
+
+
+def test_moondream_skills_print_their_result_and_draw_the_marks(tmp_path, capsys):
+    from PIL import Image
+
+    ckpt, picture, drawn = tmp_path / "md", tmp_path / "in.png", tmp_path / "out.png"
+    assert main(["make-random", "--preset", "tiny-moondream", "--out", str(ckpt)]) == 0
+    capsys.readouterr()
+    Image.new("RGB", (500, 400), (20, 120, 200)).save(picture)
+    model = ["--model", str(ckpt), "--device", "cpu"]
+    assert main(["detect", str(picture), "cat", *model, "--max-objects", "2", "--draw", str(drawn)]) == 0
+    boxes = json.loads(capsys.readouterr().out)["objects"]
+    assert len(boxes) == 2 and set(boxes[0]) == {"x_min", "y_min", "x_max", "y_max"}
+    assert Image.open(drawn).size == (500, 400)
+    assert main(["point", str(picture), "cat", *model, "--max-objects", "1"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["points"]) == 1
+    assert main(["caption", str(picture), *model, "--max-tokens", "4", "--length", "short"]) == 0
+    assert main(["query", str(picture), "Why?", *model, "--max-tokens", "4"]) == 0
+    assert main(["caption", str(tmp_path / "none.png"), *model]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["caption", str(picture), "--model", "random:tiny-llama", "--device", "cpu"]) == 2
+    assert "not Moondream 2" in capsys.readouterr().err

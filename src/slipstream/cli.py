@@ -1,4 +1,4 @@
-"""The `slipstream` command: generate text, or benchmark the decode loop."""
+"""The `slipstream` command: generate text, ask Moondream 2 about an image, or benchmark the engine."""
 from __future__ import annotations
 
 import argparse
@@ -30,8 +30,30 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dtype", default="auto")
     g.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
 
+    for skill, what in (("caption", None), ("query", "question"), ("point", "object"), ("detect", "object")):
+        m = sub.add_parser(skill, help=f"Moondream 2: {skill} an image" + (f" given a {what}" if what else ""))
+        m.add_argument("image", help="an image file")
+        if what:
+            m.add_argument(what)
+        m.add_argument("--model", required=True, help="a Moondream 2 directory or random:tiny-moondream / "
+                                                      "random:moondream2")
+        m.add_argument("--tokenizer", default=None, help="moondream/starmie-v1's tokenizer.json, if not beside the "
+                                                         "checkpoint")
+        m.add_argument("--device", default=None)
+        m.add_argument("--dtype", default="auto")
+        if skill == "caption":
+            m.add_argument("--length", default="normal", choices=["short", "normal", "long"])
+        if skill in ("caption", "query"):
+            m.add_argument("--max-tokens", type=int, default=768)
+            m.add_argument("--temperature", type=float, default=0.5)
+            m.add_argument("--top-p", type=float, default=0.3)
+        else:
+            m.add_argument("--max-objects", type=int, default=50)
+            m.add_argument("--draw", type=Path, default=None, help="write the image with the marks drawn here")
+
     r = sub.add_parser("make-random", help="write a random-weight checkpoint (config, safetensors, BPE tokenizer)")
-    r.add_argument("--preset", required=True, help="tiny-llama, tiny-qwen3, tiny-phi, phi-1.5, qwen2.5-0.5b")
+    r.add_argument("--preset", required=True,
+                   help="tiny-llama, tiny-qwen3, tiny-phi, phi-1.5, qwen2.5-0.5b, tiny-moondream, moondream2")
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--seed", type=int, default=0)
 
@@ -81,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command in ("caption", "query", "point", "detect"):
+            return _skill(args)
         if args.command == "make-random":
             from .models.random_checkpoint import write_checkpoint
 
@@ -113,6 +137,34 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"slipstream: error: {e}", file=sys.stderr)
         return 2
+
+
+def _skill(args) -> int:
+    """Run one Moondream skill; text streams to stdout, points and boxes print as JSON."""
+    import json
+
+    from . import LLM
+
+    with LLM(args.model, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer, max_num_seqs=1) as llm:
+        image = llm.encode_image(args.image)
+        if args.command in ("caption", "query"):
+            settings = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p}
+            if args.command == "caption":
+                pieces = llm.caption(image, args.length, stream=True, settings=settings)["caption"]
+            else:
+                pieces = llm.query(image, args.question, stream=True, settings=settings)["answer"]
+            for piece in pieces:
+                print(piece, end="", flush=True)
+            print()
+            return 0
+        result = getattr(llm, args.command)(image, args.object, settings={"max_objects": args.max_objects})
+    print(json.dumps(result))
+    if args.draw is not None:
+        from .models.moondream.image import draw_marks
+
+        draw_marks(args.image, next(iter(result.values())), args.draw)
+        print(f"slipstream: drew {len(next(iter(result.values())))} marks into {args.draw}", file=sys.stderr)
+    return 0
 
 
 def _generate(args) -> int:

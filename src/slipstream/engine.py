@@ -22,7 +22,7 @@ from .models.loader import build_model, load_checkpoint
 from .models.moondream.api import MoondreamAPI
 from .runner import ModelRunner
 from .sampling import SamplingParams, TokenConstraint
-from .scheduler import Scheduler, Sequence
+from .scheduler import ImagePrefix, Scheduler, Sequence
 from .text import TextStream
 from .tokenizer import render_chat_template
 
@@ -124,14 +124,12 @@ class EngineCore:
                              f"{self.pool.total}; lower max_tokens or give the cache more memory")
         return seq
 
-    def make_image_sequence(self, image: Any, prompt_ids: list[int], params: SamplingParams, skill: int,
+    def make_image_sequence(self, prefix: ImagePrefix, prompt_ids: list[int], params: SamplingParams, skill: int,
                             spatial: Any = None, on_token: Callable[[int, int, str], None] | None = None) -> Sequence:
-        """A Moondream request: BOS + the image's 729 positions (prefilled from `image`, an ImageCrops)
-        then `prompt_ids`, under a skill code (and point/detect's state machine)."""
-        from .models.moondream.config import PREFIX_LEN
-
-        seq = self.make_sequence([self.moondream.tokenizer.bos_id] * PREFIX_LEN + prompt_ids, params, on_token)
-        seq.image, seq.prefix_len, seq.skill, seq.spatial = image, PREFIX_LEN, skill, spatial
+        """A Moondream request: the image prefix (BOS + 729 image positions) then `prompt_ids`, under a
+        skill code (and point/detect's state machine)."""
+        seq = self.make_sequence([self.moondream.tokenizer.bos_id] * prefix.length + prompt_ids, params, on_token)
+        seq.prefix, seq.skill, seq.spatial = prefix, skill, spatial
         return seq
 
     def _constraint(self, params: SamplingParams) -> TokenConstraint | None:
@@ -172,7 +170,7 @@ class EngineCore:
     def output(self, seq: Sequence) -> RequestOutput:
         first = seq.first_token_time
         return RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=seq.prompt_ids[seq.prefix_len:], token_ids=list(seq.output_ids),
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_ids[seq.prompt_start:], token_ids=list(seq.output_ids),
             text=seq.text.text, finish_reason=seq.finish_reason,
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
             objects=list(seq.spatial.objects) if seq.spatial is not None else None,
@@ -274,8 +272,11 @@ class LLM(MoondreamAPI):
 
     def abort(self, request_id: int) -> None:
         """Abort a request; its result (finish_reason 'abort') is still delivered."""
+        self._post("abort", request_id)
+
+    def _post(self, kind: str, item: object) -> None:
         with self._cv:
-            self._inbox.append(("abort", request_id))
+            self._inbox.append((kind, item))
             self._cv.notify()
 
     def result(self, request_id: int, timeout: float | None = None) -> RequestOutput:
@@ -344,8 +345,10 @@ class LLM(MoondreamAPI):
                 for kind, item in inbox:
                     if kind == "add":
                         sched.add(item)
-                    else:
+                    elif kind == "abort":
                         sched.abort(item)
+                    else:
+                        sched.release_prefix(item)
                 if sched.has_work():
                     sched.tick()
         except BaseException as e:  # the loop must never die silently: fail every pending request

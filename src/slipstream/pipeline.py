@@ -34,7 +34,8 @@ class Step:
     chunks: list[tuple[int, int]] = field(default_factory=list)
     sampled: list[Any] = field(default_factory=list)
     constrained: bool = False
-    images: list[Any] = field(default_factory=list)  # Moondream sequences whose image prefix this step prefills
+    images: list[Any] = field(default_factory=list)  # image prefixes (scheduler.ImagePrefix) it prefills first
+    page_copies: list[tuple[int, int]] = field(default_factory=list)  # (from, to): KV pages it copies before that
     uploads: Any = None  # host tensors its asynchronous copies read, kept until it commits
     slot: int = -1
     finalized: bool = False

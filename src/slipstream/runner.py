@@ -185,7 +185,7 @@ class ModelRunner:
         self.layer.upload_ahead(slot.meta_dev, slot.meta_host, slot.uploaded_event)
         if step.kind == "prefill":
             self._reset_penalty_rows(step, slot.dev["ids"])
-            if step.images:
+            if step.images or step.page_copies:
                 self._prefill_images(step)
             if self.prefill_captured:
                 logits = self.graphs.replay_packed(slot.index, padded)
@@ -200,18 +200,23 @@ class ModelRunner:
             self.profiler.mark(step, 1)
 
     def _prefill_images(self, step: Step) -> None:
-        """The image prefixes of the step's new Moondream sequences, before its packed forward (whose
-        chunks of their prompts attend to them): one encoder forward over all their crops."""
+        """The step's new image prefixes (one encoder forward over all their crops), then its
+        sequences' copies of their prefix's partial last page, before its packed forward, whose
+        chunks of their prompts attend to them."""
         from .models.moondream.heads import prefix_slots
 
-        seqs = step.images
-        slots = torch.from_numpy(prefix_slots(self.row_pages, [s.row for s in seqs], self.page_size))
-        crops = torch.cat([s.image.crops for s in seqs])
-        if self.layer.is_cuda:
-            slots, crops = slots.pin_memory(), (crops if crops.is_pinned() else crops.pin_memory())
-        step.uploads = (slots, crops)  # (kept until the step commits: the copies read them asynchronously)
-        self.heads.prefill_images(crops.to(self.layer.device, non_blocking=True), [s.image.tiling for s in seqs],
-                                  slots.to(self.layer.device, non_blocking=True), self.kv)
+        prefixes = step.images
+        if prefixes:
+            slots = torch.from_numpy(prefix_slots([p.pages for p in prefixes], self.page_size))
+            crops = torch.cat([p.crops.crops for p in prefixes])
+            if self.layer.is_cuda:
+                slots, crops = slots.pin_memory(), (crops if crops.is_pinned() else crops.pin_memory())
+            step.uploads = (slots, crops)  # (kept until the step commits: the copies read them asynchronously)
+            self.heads.prefill_images(crops.to(self.layer.device, non_blocking=True),
+                                      [p.crops.tiling for p in prefixes],
+                                      slots.to(self.layer.device, non_blocking=True), self.kv)
+        for src, dst in step.page_copies:
+            self.kv.data[:, :, dst].copy_(self.kv.data[:, :, src])
 
     def _stage_decode(self, seqs: list, h: dict[str, np.ndarray]) -> int:
         """One token per row, at each sequence's next position; returns the page-table width used."""

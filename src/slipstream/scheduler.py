@@ -41,6 +41,22 @@ from .text import TextStream
 
 
 @dataclass
+class ImagePrefix:
+    """An image's prefix in the KV cache (Moondream: BOS + 729 image positions), shared by every
+    sequence on that image. Its pages are allocated, and the step that first carries one of its
+    sequences prefills them (the encoder's work), at that sequence's admission; later sequences
+    reuse them. Each sequence holds the full pages in its page table and a copy of the last,
+    partial one (its own prompt continues in that page). `holders` counts the sequences holding it
+    (until their release, so in-flight steps included) and the handle (`LLM.encode_image`) while
+    open; at zero its pages are freed."""
+
+    crops: Any  # models.moondream.image.ImageCrops
+    length: int
+    holders: int = 0
+    pages: list[int] = field(default_factory=list)
+
+
+@dataclass
 class Sequence:
     request_id: int
     prompt_ids: list[int]
@@ -64,12 +80,16 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     error: BaseException | None = None  # raised by the request's own callback; the request is aborted
-    # Moondream: the image whose prefix (prompt positions [0, prefix_len)) its first step prefills,
-    # the row's skill code (skills.Skill), and point/detect's state machine
-    image: Any = None
-    prefix_len: int = 0
+    # Moondream: the image prefix in front of its prompt (prompt positions [0, prefix.length)), the row's
+    # skill code (skills.Skill), and point/detect's state machine
+    prefix: ImagePrefix | None = None
     skill: int = 0
     spatial: Any = None
+
+    @property
+    def prompt_start(self) -> int:
+        """Where the prompt's own tokens start (after an image prefix)."""
+        return self.prefix.length if self.prefix is not None else 0
 
     @property
     def prefilling(self) -> bool:
@@ -192,7 +212,7 @@ class Scheduler:
         budget = self.max_step_tokens - len(decode)
         if decode:
             budget = min(budget, self.max_prefill_chunk)
-        chunked, chunks, images = [], [], []
+        chunked, chunks, images, copies = [], [], [], []
         for s in prefilling:  # admitted earlier (in admission order), part of the prompt still to go
             if budget == 0:
                 break
@@ -202,21 +222,30 @@ class Scheduler:
             budget -= n
         while budget > 0 and self.waiting and self.free_rows:
             seq = self.waiting[0]
-            if seq.image is not None and seq.prefix_len >= budget and chunks:
-                break  # (an image prefix goes whole into one step, alone among prompts if the budget is smaller)
-            n_pages = self.pool.pages_for(self.reserve_tokens(seq))
-            if n_pages > self.pool.num_free:
+            prefix = seq.prefix
+            new_prefix = prefix is not None and not prefix.pages
+            if new_prefix and prefix.length >= budget and chunks:
+                break  # (a new image prefix goes whole into one step, alone among prompts if the budget is smaller)
+            shared = prefix.length // self.pool.page_size if prefix is not None else 0
+            n_pages = self.pool.pages_for(self.reserve_tokens(seq)) - shared
+            if n_pages + (self.pool.pages_for(prefix.length) if new_prefix else 0) > self.pool.num_free:
                 break
             self.waiting.popleft()
             seq.row = self.free_rows.pop()
             seq.pages = self.pool.allocate(n_pages)
+            start = 0
+            if prefix is not None:
+                if new_prefix:
+                    prefix.pages = self.pool.allocate(self.pool.pages_for(prefix.length))
+                    images.append(prefix)
+                    budget = max(1, budget - prefix.length)
+                if shared < len(prefix.pages):  # (its partial last page: the sequence's own copy)
+                    copies.append((prefix.pages[shared], seq.pages[0]))
+                seq.pages = prefix.pages[:shared] + seq.pages
+                prefix.holders += 1
+                start = prefix.length
             self.runner.bind_row(seq.row, seq.pages, seq.params, seq.seed, seq.skill)
             self.running[seq.request_id] = seq
-            start = 0
-            if seq.image is not None:
-                images.append(seq)
-                start = seq.prefix_len
-                budget = max(1, budget - start)
             n = min(budget, len(seq.prompt_ids) - start)
             chunked.append(seq)
             chunks.append((start, n))
@@ -225,7 +254,7 @@ class Scheduler:
             return None
         sampled = decode + [s for s, (start, n) in zip(chunked, chunks) if start + n == len(s.prompt_ids)]
         return Step(self.pipeline.launched, "prefill" if chunks else "decode", decode + chunked, chunks, sampled,
-                    any(s.constraint for s in sampled), images)
+                    any(s.constraint for s in sampled), images, copies)
 
     def _finalize(self, step: Step, beside: Callable[[], None] | None = None) -> None:
         """Queue the step's sampling. Masks come from committed state: the previous step has
@@ -343,11 +372,23 @@ class Scheduler:
 
     def _release_if_done(self, seq: Sequence) -> None:
         if seq.finalized and seq.inflight_refs == 0 and seq.row >= 0:
-            self.pool.free(seq.pages)
+            prefix = seq.prefix
+            if prefix is None:
+                self.pool.free(seq.pages)
+            else:
+                self.pool.free(seq.pages[prefix.length // self.pool.page_size:])
+                self.release_prefix(prefix)
             self.free_rows.append(seq.row)
             del self.running[seq.request_id]
             seq.pages, seq.row = [], -1
-            seq.constraint = seq.image = None  # frees its matcher, its crops
+            seq.constraint = seq.prefix = None  # frees its matcher, its image
+
+    def release_prefix(self, prefix: ImagePrefix) -> None:
+        """A holder of the image prefix is done with it (a sequence released, or its handle closed)."""
+        prefix.holders -= 1
+        if prefix.holders == 0 and prefix.pages:
+            self.pool.free(prefix.pages)
+            prefix.pages = []
 
 
 def _logprob_entry(token: int, row, n: int) -> dict[int, float]:

@@ -19,7 +19,8 @@ from .sampling import MAX_LOGPROBS
 _SECTIONS = (("ids", "T"), ("positions", "T"), ("slot_mapping", "T"), ("rows", "B"), ("context_lens", "B"),
              ("decode_lens", "B"), ("query_start", "B1"), ("logits_index", "B"), ("seeds", "B"), ("token_index", "B"),
              ("top_k", "B"), ("temperature", "B"), ("top_p", "B"), ("min_p", "B"), ("repetition_penalty", "B"),
-             ("presence_penalty", "B"), ("frequency_penalty", "B"), ("skill", "B"), ("programs", "G"), ("page_table", "BP"))
+             ("presence_penalty", "B"), ("frequency_penalty", "B"), ("skill", "B"), ("programs", "G"),
+             ("page_table", "BP"))
 FLOAT_SECTIONS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 

@@ -222,7 +222,8 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_len
     def blocks(x: torch.Tensor) -> torch.Tensor:
         return x.view(-1, block_len, *x.shape[1:]).transpose(1, 2)
 
-    o = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v), scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    o = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v), scale=scale,
+                                       enable_gqa=k.shape[1] != q.shape[1])
     return o.transpose(1, 2).reshape(q.shape)
 
 

@@ -133,7 +133,7 @@ class CausalLM(nn.Module):
             x = layer(x, rope, attn, kv.layer(i))
         norm = getattr(self.model, self.final_norm)
         normed = None
-        if isinstance(x, PendingSum):  # (a decode-sized step on CUDA: the norm finishes the last layer's sum, every row)
+        if isinstance(x, PendingSum):  # (a decode-sized step on CUDA: the norm finishes the last layer's sum)
             x, normed = norm.add(x)
         if logits_index is not None:
             x = x[logits_index]

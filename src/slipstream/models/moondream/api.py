@@ -4,22 +4,40 @@ or an encoded image. Images are decoded and tiled here, on the caller's thread; 
 runs in the engine's pipelined loop beside text requests."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+import weakref
+from typing import Any, Callable, Iterator
 
 from ...sampling import SamplingParams
-from .image import ImageCrops, load_image, make_crops
+from ...scheduler import ImagePrefix
+from .config import PREFIX_LEN
+from .image import load_image, make_crops
 from .skills import Skill, SpatialSkill, caption_prompt, object_prompt, query_prompt, settings_dict
 
 
 class EncodedImage:
-    """An image decoded and tiled once (`LLM.encode_image`), to ask several skills about."""
+    """An image decoded and tiled once (`LLM.encode_image`), whose prefix in the KV cache (BOS + 729
+    image positions, encoded by the first request on it) later requests reuse without running the
+    encoder or the prefix's prefill again. Its pages are held until `close()` (or the `with` block's
+    end, or garbage collection) and every request on it has ended."""
 
-    def __init__(self, crops: ImageCrops) -> None:
-        self.crops = crops
+    def __init__(self, prefix: ImagePrefix, release: Callable[[ImagePrefix], None] | None) -> None:
+        self.prefix = prefix
+        self._finalizer = weakref.finalize(self, release, prefix) if release is not None else None
 
     @property
     def size(self) -> tuple[int, int]:
-        return self.crops.size
+        return self.prefix.crops.size
+
+    def close(self) -> None:
+        """Release the handle's hold on its prefix's KV pages (requests on it keep theirs)."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __enter__(self) -> "EncodedImage":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class MoondreamAPI:
@@ -32,14 +50,24 @@ class MoondreamAPI:
         return self.core.moondream
 
     def encode_image(self, image: Any) -> EncodedImage:
-        """Decode and tile an image once, for several requests about it."""
+        """Decode and tile an image once; requests on the handle share its prefix's KV pages."""
+        return EncodedImage(self._prefix(image, holders=1), self._release_prefix)
+
+    def _prefix(self, image: Any, holders: int = 0) -> ImagePrefix:
+        """The image prefix of a request: the handle's, or a new one for this request alone."""
         cfg = self._moondream()
         if isinstance(image, EncodedImage):
-            return image
+            if image._finalizer is None or not image._finalizer.alive:
+                raise ValueError("this encoded image was closed; encode the image again")
+            return image.prefix
         crops = make_crops(load_image(image), cfg.vision)
         if self.core.layer.is_cuda:
             crops.crops = crops.crops.pin_memory()  # (so the upload to the device is asynchronous)
-        return EncodedImage(crops)
+        return ImagePrefix(crops, PREFIX_LEN, holders)
+
+    def _release_prefix(self, prefix: ImagePrefix) -> None:
+        if self._error is None and not self._stopping:
+            self._post("release", prefix)
 
     def caption(self, image: Any, length: str = "normal", stream: bool = False,
                 settings: dict[str, Any] | None = None) -> dict[str, str | Iterator[str]]:
@@ -66,10 +94,10 @@ class MoondreamAPI:
                     stream: bool) -> str | Iterator[str]:
         s = settings_dict(settings)
         params = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_tokens"])
-        crops = self.encode_image(image).crops
+        prefix = self._prefix(image)
 
         def make(on_token):
-            return self.core.make_image_sequence(crops, prompt, params, Skill.TEXT, on_token=on_token)
+            return self.core.make_image_sequence(prefix, prompt, params, Skill.TEXT, on_token=on_token)
 
         if stream:
             return self._stream(make)
@@ -85,7 +113,7 @@ class MoondreamAPI:
         prompt = object_prompt(cfg.tokenizer, skill, self.tokenizer.encode(" " + object))
         spatial = SpatialSkill(detect, s["max_objects"], cfg.tokenizer.eos_id)
         params = SamplingParams(temperature=0.0, max_tokens=min(s["max_tokens"], spatial.max_steps()))
-        seq = self.core.make_image_sequence(self.encode_image(image).crops, prompt, params,
+        seq = self.core.make_image_sequence(self._prefix(image), prompt, params,
                                             Skill.DETECT if detect else Skill.POINT, spatial)
         self._run(seq)
         return list(spatial.objects)

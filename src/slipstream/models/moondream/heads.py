@@ -87,7 +87,8 @@ class MoondreamHeads(nn.Module):
         return reported, next_ids, bins
 
 
-def prefix_slots(row_pages: np.ndarray, rows: list[int], page_size: int) -> np.ndarray:
-    """The KV slots of positions 0..729 of each of these rows, concatenated."""
+def prefix_slots(pages: list[list[int]], page_size: int) -> np.ndarray:
+    """The KV slots of positions 0..729 in each of these prefixes' pages, concatenated."""
     pos = np.arange(PREFIX_LEN)
-    return (row_pages[np.asarray(rows)][:, pos // page_size] * page_size + pos % page_size).reshape(-1)
+    table = np.asarray(pages, dtype=np.int64).reshape(len(pages), -1)
+    return (table[:, pos // page_size] * page_size + pos % page_size).reshape(-1)

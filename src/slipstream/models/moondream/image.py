@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageDraw, UnidentifiedImageError
 
 from .config import VisionConfig
 
@@ -97,3 +97,19 @@ def make_crops(image: Image.Image, cfg: VisionConfig) -> ImageCrops:
         for j in range(tw):
             crops[1 + i * tw + j] = tiled[i * window:i * window + c, j * window:j * window + c]
     return ImageCrops(torch.from_numpy(crops).permute(0, 3, 1, 2).contiguous(), (th, tw), (w, h))
+
+
+def draw_marks(image: Image.Image | str | Path | bytes, marks: list[dict[str, float]], out: Path) -> None:
+    """Write the image with point/detect results drawn on it (coordinates are fractions of its size)."""
+    img = load_image(image)
+    draw = ImageDraw.Draw(img)
+    w, h = img.size
+    r = max(3, min(w, h) // 100)
+    for m in marks:
+        if "x" in m:
+            x, y = m["x"] * w, m["y"] * h
+            draw.ellipse((x - r, y - r, x + r, y + r), outline=(255, 0, 0), width=max(1, r // 2))
+        else:
+            draw.rectangle((m["x_min"] * w, m["y_min"] * h, m["x_max"] * w, m["y_max"] * h), outline=(255, 0, 0),
+                           width=max(1, r // 2))
+    img.save(out)
