@@ -8,6 +8,7 @@ from pathlib import Path
 
 
 TRAFFIC = ["mixed", "prefill", "ttft", "interference"]
+SKILL_WORKLOADS = ["md2-query", "md2-caption", "md2-point", "md2-detect", "md2-reuse", "md2-encoder"]
 
 
 def _csv(kind):
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="decode (default): tok/s per stream count (or short, zombie, constrained); traffic, one or "
                         "several in one engine, e.g. mixed,prefill: mixed (requests of random prompt and output "
                         "lengths), prefill (prompt tok/s), ttft (one request at a time), interference (decoding "
-                        "while prompts arrive every step)")
+                        "while prompts arrive every step); Moondream 2: md2-query, md2-caption, md2-point, "
+                        "md2-detect, md2-reuse, md2-encoder (see bench/moondream.py)")
     b.add_argument("--streams", type=_csv(int), default=[1, 8])
     b.add_argument("--mode", type=_csv(str), default=["pipelined", "blocking"])
     b.add_argument("--prompt-tokens", type=int, default=64)
@@ -115,7 +117,12 @@ def main(argv: list[str] | None = None) -> int:
                                     ("cuda_graphs", False if args.no_cuda_graphs else None)) if v is not None}
         workloads = args.workload or ["short" if args.short else "zombie" if args.zombie
                                       else "constrained" if args.constrained is not None else "decode"]
-        if set(workloads) <= set(TRAFFIC):
+        if set(workloads) <= set(SKILL_WORKLOADS):
+            from .bench import moondream
+
+            moondream.run(args.model, workloads, args.mode, args.streams, args.max_tokens, args.device, args.dtype,
+                          args.out, engine, args.profile)
+        elif set(workloads) <= set(TRAFFIC):
             from .bench import traffic
 
             for name, pair in (("--prompt-range", args.prompt_range), ("--output-range", args.output_range)):
@@ -132,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.out, workloads[0], args.profile, args.constrained or [1.0], args.temperature, args.top_p, engine)
         else:
             raise ValueError(f"--workload: one of decode, short, zombie, constrained, or traffic workloads from "
-                             f"{', '.join(TRAFFIC)}; got {','.join(workloads)}")
+                             f"{', '.join(TRAFFIC)}, or Moondream workloads from {', '.join(SKILL_WORKLOADS)}; got "
+                             f"{','.join(workloads)}")
         return 0
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"slipstream: error: {e}", file=sys.stderr)

@@ -1,0 +1,247 @@
+"""Moondream 2 benchmarks (DESIGN §5: what users run), on unique synthetic 800x600 images (tiling
+2x4: 9 crops each), made before the clock starts; decoding and tiling them is the client's work
+and is timed, as a user pays it.
+
+- md2-query: closed-loop clients (one per --streams entry), each asking a ~20-token question about a
+  new image, 8 output tokens, greedy: requests/s and latency p50/p99 (through the public API, which
+  returns text: output tokens are counted for md2-caption only).
+- md2-caption: normal captions of --max-tokens tokens (EOS ignored) by that many clients: tok/s.
+- md2-point, md2-detect: requests/s of point / detect (4 objects) by that many clients.
+- md2-reuse: a caption plus 4 queries on one image, sent together: through one encoded image
+  (encoder and prefix prefill once) against 5 separate requests; ms per group.
+- md2-encoder: the vision encoder's forward over 1, 5, 13 and 64 crops: ms beside its compute floor
+  (2 x encoder parameters x patches / the dense bf16 peak measured here; GPU only)."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..engine import LLM
+from ..models.moondream.skills import Skill, caption_prompt
+from ..sampling import SamplingParams
+
+QUESTION = "What is the main object in this picture, what color is it, and where is it? Answer briefly."
+SKILL_WORKLOADS = ("md2-query", "md2-caption", "md2-point", "md2-detect", "md2-reuse", "md2-encoder")
+
+
+@dataclass
+class SkillResult:
+    workload: str
+    mode: str
+    clients: int
+    requests: int
+    output_tokens: int
+    wall_s: float
+    requests_s: float
+    output_tok_s: float
+    latency_ms_p50: float
+    latency_ms_p99: float
+    latency_ms_quantiles: list[float]  # at 0, 1, ..., 100 %: the CDF the plot draws
+
+
+def synthetic_images(n: int, seed: int, size: tuple[int, int] = (800, 600)) -> list[Image.Image]:
+    """Unique smooth random pictures (a coarse random grid, upscaled)."""
+    rng = np.random.default_rng(seed)
+    w, h = size
+    return [Image.fromarray(rng.integers(0, 256, (h // 40, w // 40, 3), dtype=np.uint8)).resize(size, Image.BICUBIC)
+            for _ in range(n)]
+
+
+def closed_loop(llm: LLM, workload: str, clients: int, per_client: int, request) -> SkillResult:
+    """`clients` threads each sending `per_client` requests one after another; `request(i)` sends the
+    i-th and returns its output tokens."""
+    latencies: list[float] = []
+    tokens = [0]
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        for k in range(per_client):
+            t = time.perf_counter()
+            n = request(c * per_client + k)
+            with lock:
+                latencies.append(time.perf_counter() - t)
+                tokens[0] += n
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    ms = np.asarray(latencies) * 1e3
+    n = clients * per_client
+    return SkillResult(workload, llm.core.config.mode, clients, n, tokens[0], wall, n / wall, tokens[0] / wall,
+                       float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
+                       [round(float(x), 3) for x in np.percentile(ms, np.arange(101))])
+
+
+def _caption_tokens(llm: LLM, image: Image.Image, max_tokens: int) -> int:
+    """A normal caption of exactly max_tokens tokens (EOS ignored), as the API would send it."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    prompt = caption_prompt(llm.core.moondream.tokenizer, "normal")
+    return len(llm._run(llm.core.make_image_sequence(llm._prefix(image), prompt, params, Skill.TEXT)).token_ids)
+
+
+def run_workload(llm: LLM, workload: str, clients: int, max_tokens: int, seed: int) -> SkillResult:
+    per_client = max(2, 64 // clients) if workload == "md2-query" else max(2, 16 // clients)
+    images = synthetic_images(clients * per_client, seed)
+    if workload == "md2-query":
+        def request(i):
+            llm.query(images[i], QUESTION, settings={"temperature": 0.0, "max_tokens": 8})
+            return 0
+    elif workload == "md2-caption":
+        def request(i):
+            return _caption_tokens(llm, images[i], max_tokens)
+    else:
+        skill = workload.removeprefix("md2-")
+
+        def request(i):
+            getattr(llm, skill)(images[i], "object", settings={"max_objects": 4})
+            return 0
+    return closed_loop(llm, workload, clients, per_client, request)
+
+
+def run_reuse(llm: LLM, groups: int, seed: int) -> list[SkillResult]:
+    """A caption and 4 queries about one image, sent together: 5 separate requests, or one encoded image."""
+    questions = ["What is this?", "What color is it?", "Where is it?", "How many are there?"]
+    settings = {"temperature": 0.0, "max_tokens": 8}
+    results = []
+    for shared in (False, True):
+        images = synthetic_images(groups, seed + shared)
+
+        def group(i: int) -> int:
+            image = llm.encode_image(images[i]) if shared else images[i]
+            calls = [lambda: llm.caption(image, settings=settings)]
+            calls += [lambda q=q: llm.query(image, q, settings=settings) for q in questions]
+            threads = [threading.Thread(target=c) for c in calls]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if shared:
+                image.close()
+            return 0
+
+        results.append(closed_loop(llm, "md2-reuse " + ("encoded" if shared else "separate"), 1, groups, group))
+    return results
+
+
+def run_encoder(llm: LLM, crops: tuple[int, ...] = (1, 5, 13, 64)) -> list[dict[str, float]]:
+    """The vision encoder alone over crop batches, ms (CUDA events, median of 10) beside its floor."""
+    import torch
+
+    vision = llm.core.runner.heads.vision
+    cfg = vision.cfg
+    a_device = llm.core.layer.device
+    a = torch.randn(8192, 8192, device=a_device, dtype=torch.bfloat16)
+    peak = 2 * 8192 ** 3 / _median_ms(lambda: a @ a) / 1e9  # FLOP per ms
+    del a
+    params = sum(p.numel() for name, p in vision.named_parameters() if not name.startswith("proj_mlp"))
+    rows = []
+    for n in crops:
+        x = torch.randint(0, 256, (n, 3, cfg.crop_size, cfg.crop_size), dtype=torch.uint8, device=a_device)
+        ms = _median_ms(lambda: vision.encode(vision.normalize(x)))
+        floor = 2 * params * 729 * n / peak
+        rows.append({"crops": n, "ms": ms, "floor_ms": floor, "x_floor": ms / floor})
+    return rows
+
+
+def _median_ms(fn, repeats: int = 10) -> float:
+    import torch
+
+    with torch.no_grad():
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
+def format_table(results: list[SkillResult]) -> str:
+    lines = ["workload | mode | clients | req | req/s | out tok/s | latency p50/p99 ms"]
+    for r in results:
+        lines.append(f"{r.workload} | {r.mode} | {r.clients} | {r.requests} | {r.requests_s:,.1f} | "
+                     f"{r.output_tok_s:,.0f} | {r.latency_ms_p50:.1f}/{r.latency_ms_p99:.1f}")
+    return "\n".join(lines)
+
+
+def plot(results: list[SkillResult], path: Path) -> None:
+    """Latency CDFs per (workload, mode, clients)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    grid = np.arange(101) / 100
+    for r in results:
+        ax.plot(r.latency_ms_quantiles, grid, label=f"{r.workload} {r.mode} x{r.clients}")
+    ax.set_xscale("log")
+    ax.set_xlabel("request latency (ms)")
+    ax.set_ylabel("fraction of requests")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(model: str | None, workloads: list[str], modes: list[str], clients: list[int], max_tokens: int,
+        device: str | None, dtype: str, out: Path | None, engine_options: dict, profile: bool = False) -> list:
+    """One engine per mode; print a table, write JSON and a PNG of latency CDFs."""
+    for w in workloads:
+        if w not in SKILL_WORKLOADS:
+            raise ValueError(f"unknown Moondream workload {w!r}; choose from {', '.join(SKILL_WORKLOADS)}")
+    results: list[SkillResult] = []
+    encoder, profiles = [], {}
+    for mode in modes:
+        llm = LLM(model, device=device, dtype=dtype, mode=mode, **engine_options)
+        try:
+            llm._moondream()
+            if (profile or "md2-encoder" in workloads) and not llm.core.layer.is_cuda:
+                raise ValueError("--profile and md2-encoder time CUDA events: they need a CUDA device")
+            run_workload(llm, "md2-query", 2, 8, seed=99)  # warm-up
+            for workload in workloads:
+                if workload == "md2-encoder":
+                    if not encoder:
+                        encoder = run_encoder(llm)
+                elif workload == "md2-reuse":
+                    results.extend(run_reuse(llm, 8, seed=7))
+                else:
+                    for n in clients:
+                        if profile:
+                            from ..profiler import StepProfiler
+
+                            llm.core.runner.profiler = StepProfiler(llm.core.layer.compute_stream, max_steps=8192)
+                        results.append(run_workload(llm, workload, n, max_tokens, seed=n))
+                        profiler, llm.core.runner.profiler = llm.core.runner.profiler, None
+                        if profiler is not None:
+                            profiles[f"{mode} {workload} x{n}"] = profiler.summary()
+        finally:
+            llm.shutdown()
+    print(format_table(results))
+    for row in encoder:
+        print(f"encoder {row['crops']} crops: {row['ms']:.2f} ms, floor {row['floor_ms']:.2f} ms, "
+              f"{row['x_floor']:.2f}x")
+    for name, p in profiles.items():
+        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"results": [asdict(r) for r in results], "encoder": encoder,
+                                   "profile": profiles, "engine_options": engine_options}, indent=1))
+        plot(results, out.with_suffix(".png"))
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+    return results
