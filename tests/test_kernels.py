@@ -252,6 +252,23 @@ def test_layer_norm_kernel_matches_torch(rows, d, dtype):
     assert err < (1e-6 if dtype == torch.float32 else 1e-2), err
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_layer_norm_is_torchs_add_then_norm(dtype):
+    from slipstream.kernels.norm import add_layer_norm
+
+    g = torch.Generator().manual_seed(3)
+    x, delta = ((torch.randn(9, 1152, generator=g) * 3).to(dtype).to(DEVICE) for _ in range(2))
+    w, b = (torch.randn(1152, generator=g).to(dtype).to(DEVICE) for _ in range(2))
+    total, normed = add_layer_norm(x, delta, w, b, 1e-5)
+    if DEVICE == "cuda":
+        assert torch.equal(total, x + delta)
+    else:  # (the interpreter rounds to bf16 toward zero, the GPU to nearest even)
+        assert torch.allclose(total.float(), (x + delta).float(), rtol=2 ** -7, atol=0)
+    want = torch.nn.functional.layer_norm((x + delta).double(), (1152,), w.double(), b.double(), 1e-5)
+    err = (normed.double() - want).norm() / want.norm()
+    assert err < (1e-6 if dtype == torch.float32 else 1e-2), err
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_fused_sample_matches_the_torch_sampler(masked):
     """Greedy and tempered rows side by side over a vocabulary of three chunks: the kernel's token is

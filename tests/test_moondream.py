@@ -182,6 +182,35 @@ def test_bad_images_and_settings_are_refused_at_submit_and_the_engine_goes_on(ch
         assert stats["kv_pages_free"] == stats["kv_pages_total"]
 
 
+def test_an_image_prompt_rides_in_the_step_of_its_prefix_beside_decode_rows(checkpoint, monkeypatch):
+    """Scheduler invariant 3: a new image's prefix (730 positions, over the chunk cap) and its whole
+    prompt go into one step while another request decodes; that step samples the image request."""
+    with make_llm(checkpoint, max_prefill_chunk=64) as llm:
+        scheduler, steps = llm.core.scheduler, []
+
+        def plan():  # (a record of each step as planned: sequences are cleared when released)
+            step = scheduler._real_plan()
+            if step is not None:
+                decode = len(step.seqs) - len(step.chunks)
+                steps.append((step.kind, len(step.images), decode, [
+                    (start, n, len(s.prompt_ids), s in step.sampled) for s, (start, n) in zip(step.seqs[decode:],
+                                                                                         step.chunks)]))
+            return step
+
+        monkeypatch.setattr(scheduler, "_real_plan", scheduler._plan, raising=False)
+        monkeypatch.setattr(scheduler, "_plan", plan)
+        text = llm.submit([5, 9, 40], SamplingParams(max_tokens=40, ignore_eos=True))
+        while not any(kind == "decode" for kind, *_ in steps):
+            time.sleep(0.001)
+        llm.query(image((800, 600), 1), "What is in the picture?", settings={"temperature": 0.0, "max_tokens": 2})
+        llm.result(text)
+    (step,) = [s for s in steps if s[1]]
+    _, images, decode, chunks = step
+    assert images == 1 and decode == 1
+    ((start, n, prompt, sampled),) = chunks
+    assert start == 730 and start + n == prompt and sampled
+
+
 def test_a_text_model_has_no_skills(tiny_llama):
     with LLM(str(tiny_llama.path), device="cpu", num_pages=32, page_size=4, max_num_seqs=2) as llm:
         with pytest.raises(ValueError, match="not Moondream 2"):
@@ -202,6 +231,20 @@ def test_full_size_preset_matches_the_reference_in_bf16():
         caption = llm.caption(img, settings={"temperature": 0.0, "max_tokens": 4})["caption"]
     assert points == ref.objects(img, llm.tokenizer.encode(" a"), False, 2)
     assert caption == llm.tokenizer.decode(ref.caption(img, "normal", 4))
+
+
+@pytest.mark.gpu
+def test_captured_image_prefills_equal_the_eager_ones(checkpoint):
+    """On CUDA each image's prefix prefill replays its tiling's graph (models/moondream/graphs.py):
+    every skill on the three tilings, beside text requests, gives what eager steps give."""
+    results = []
+    for graphs in (True, False):
+        with make_llm(checkpoint, device="cuda", cuda_graphs=graphs) as llm:
+            assert (llm.core.runner.image_graphs is not None) == graphs
+            results.append(requests(llm))
+            stats = settled_stats(llm)
+            assert stats["kv_pages_free"] == stats["kv_pages_total"]
+    assert results[0] == results[1]
 
 
 def test_an_encoded_image_is_encoded_once_and_its_pages_freed_when_closed(checkpoint, monkeypatch):

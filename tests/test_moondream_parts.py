@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -14,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from slipstream.kernels.attention import block_attention
 from slipstream.models.loader import load_checkpoint
 from slipstream.models.moondream.config import MoondreamConfig, VisionConfig
-from slipstream.models.moondream.image import make_crops, select_tiling
+from slipstream.models.moondream.image import make_crops, prepare_image, select_tiling
 from slipstream.models.moondream.region import coord_value, size_value
 from slipstream.models.moondream.skills import SpatialSkill, query_prompt, settings_dict
 from slipstream.models.random_checkpoint import write_checkpoint
@@ -31,10 +32,31 @@ def test_tiling_follows_the_spec_table(size, tiling):
 def test_crops_are_the_global_crop_then_local_tiles_row_major():
     img = Image.new("RGB", (800, 600))
     img.paste((255, 0, 0), (0, 0, 400, 300))  # red top-left quarter
-    crops = make_crops(img, VisionConfig())
-    assert crops.tiling == (2, 4) and crops.crops.shape == (9, 3, 378, 378) and crops.crops.dtype == torch.uint8
-    assert crops.crops[1, 0, 10, 10] == 255 and crops.crops[1, 1, 10, 10] == 0  # tile (0, 0): red
-    assert crops.crops[8, 0, -10, -10] == 0  # tile (1, 3): black
+    prepared = prepare_image(img, VisionConfig())
+    crops = make_crops(prepared, VisionConfig())
+    assert prepared.tiling == (2, 4) and crops.shape == (9, 3, 378, 378) and crops.dtype == torch.uint8
+    assert crops[1, 0, 10, 10] == 255 and crops[1, 1, 10, 10] == 0  # tile (0, 0): red
+    assert crops[8, 0, -10, -10] == 0  # tile (1, 3): black
+
+
+def pil_crops(img: Image.Image, tiling: tuple[int, int]) -> np.ndarray:
+    """The reference's crops (Pillow's Lanczos), [n, 3, C, C]."""
+    th, tw = tiling
+    out = [np.asarray(img.resize((378, 378), Image.LANCZOS))]
+    big = np.asarray(img.resize((tw * 266 + 112, th * 266 + 112), Image.LANCZOS))
+    out += [big[266 * i:266 * i + 378, 266 * j:266 * j + 378] for i in range(th) for j in range(tw)]
+    return np.stack(out).transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("size", [(378, 378), (500, 375), (50, 40), (640, 480), (800, 600), (1280, 720),
+                                  (1024, 768), (1024, 1024), (4000, 500), (2000, 300)])
+def test_crops_are_pillows_lanczos_bit_for_bit(size):
+    """Pillow's two passes, horizontal first (Pillow 3.4-12, and 13 unless the height shrinks much
+    more than the width: then 13 goes vertical first, docs/moondream.md), as matrix products."""
+    w, h = size
+    img = Image.fromarray(np.random.default_rng(w * h).integers(0, 256, (h, w, 3), dtype=np.uint8))
+    prepared = prepare_image(img, VisionConfig())
+    assert np.array_equal(make_crops(prepared, VisionConfig()).numpy(), pil_crops(img, prepared.tiling))
 
 
 def test_config_defaults_are_the_release_and_overrides_use_the_reference_names():

@@ -10,7 +10,7 @@ that write the scratch page and whose attention output is zero."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -123,6 +123,11 @@ class ModelRunner:
             packed = token_buckets(max_step_tokens) if triton_serves(True, cfg.head_dim, self.page_size) else []
             self.graphs = StepGraphs(self, buckets, packed)
         self.prefill_captured = self.graphs is not None and bool(self.graphs.token_buckets)
+        self.image_graphs = None
+        if cuda_graphs and layer.is_cuda and heads is not None:
+            from .models.moondream.graphs import ImageGraphs
+
+            self.image_graphs = ImageGraphs(heads, kv, layer.compute_stream)
         if layer.is_cuda and not self.prefill_captured:
             self._warm_up(token_buckets(max_step_tokens)[:4])
 
@@ -200,21 +205,33 @@ class ModelRunner:
             self.profiler.mark(step, 1)
 
     def _prefill_images(self, step: Step) -> None:
-        """The step's new image prefixes (one encoder forward over all their crops), then its
-        sequences' copies of their prefix's partial last page, before its packed forward, whose
-        chunks of their prompts attend to them."""
+        """The step's new image prefixes (each image's crops made on the device, then its captured
+        graph, or eagerly one encoder forward over all their crops), then its sequences' copies of
+        their prefix's partial last page, before its packed forward, whose chunks of their prompts
+        attend to them."""
+        from .models.moondream.config import PREFIX_LEN
         from .models.moondream.heads import prefix_slots
+        from .models.moondream.image import make_crops
 
         prefixes = step.images
         if prefixes:
             slots = torch.from_numpy(prefix_slots([p.pages for p in prefixes], self.page_size))
-            crops = torch.cat([p.crops.crops for p in prefixes])
             if self.layer.is_cuda:
-                slots, crops = slots.pin_memory(), (crops if crops.is_pinned() else crops.pin_memory())
-            step.uploads = (slots, crops)  # (kept until the step commits: the copies read them asynchronously)
-            self.heads.prefill_images(crops.to(self.layer.device, non_blocking=True),
-                                      [p.crops.tiling for p in prefixes],
-                                      slots.to(self.layer.device, non_blocking=True), self.kv)
+                slots = slots.pin_memory()
+            step.uploads = (slots, prefixes)  # (kept until the step commits: the copies read them asynchronously)
+            dev = self.layer.device
+            slots = slots.to(dev, non_blocking=True)
+            vision = self.heads.cfg.vision
+            images = [replace(p.crops, pixels=p.crops.pixels.to(dev, non_blocking=True),
+                              plans=tuple(plan.to(dev, non_blocking=True) for plan in p.crops.plans))
+                      for p in prefixes]
+            if self.image_graphs is not None:
+                for i, image in enumerate(images):
+                    make_crops(image, vision, out=self.image_graphs.crops[:image.count])
+                    self.image_graphs.prefill(image.tiling, slots[i * PREFIX_LEN:(i + 1) * PREFIX_LEN])
+            else:
+                self.heads.prefill_images(torch.cat([make_crops(image, vision) for image in images]),
+                                          [image.tiling for image in images], slots, self.kv)
         for src, dst in step.page_copies:
             self.kv.data[:, :, dst].copy_(self.kv.data[:, :, src])
 

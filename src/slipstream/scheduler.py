@@ -17,6 +17,9 @@ decodes. Planning invariants (each has a test in tests/test_scheduler.py):
   2. A prompt is prefilled in order: each chunk starts where the previous launched chunk ended, and
      only the chunk that ends the prompt samples; a sequence is a decode row only after that.
   3. Admission is first come, first served: a request is admitted only after every earlier one.
+     An image's prefix (Moondream: 730 positions, prefilled by the image path) is charged against
+     the budget when it is new; it enters a step only first among the prompts or while the budget
+     covers it, and its prompt's first chunk (up to `max_prefill_chunk` tokens) rides with it.
   4. Every sequence of a step holds one in-flight reference from the step's launch to its commit;
      a sequence's row and pages are released only when it is finalized and holds none.
   5. A step's masks are filled only after the previous step's tokens advanced every constraint
@@ -188,8 +191,8 @@ class Scheduler:
             s.inflight_refs += 1
         for s in step.seqs[:step.num_decode]:
             s.kv_len += 1
-        for s, (start, n) in zip(step.seqs[step.num_decode:], step.chunks):
-            s.kv_len = start + n
+        for s, (first, n) in zip(step.seqs[step.num_decode:], step.chunks):
+            s.kv_len = first + n
         for s in step.sampled:
             s.sampled_launched += 1
         self.steps[step.kind] += 1
@@ -238,7 +241,8 @@ class Scheduler:
                 if new_prefix:
                     prefix.pages = self.pool.allocate(self.pool.pages_for(prefix.length))
                     images.append(prefix)
-                    budget = max(1, budget - prefix.length)
+                    prompt = len(seq.prompt_ids) - prefix.length
+                    budget = max(budget - prefix.length, min(prompt, self.max_prefill_chunk))
                 if shared < len(prefix.pages):  # (its partial last page: the sequence's own copy)
                     copies.append((prefix.pages[shared], seq.pages[0]))
                 seq.pages = prefix.pages[:shared] + seq.pages

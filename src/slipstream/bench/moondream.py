@@ -3,14 +3,15 @@
 and is timed, as a user pays it.
 
 - md2-query: closed-loop clients (one per --streams entry), each asking a ~20-token question about a
-  new image, 8 output tokens, greedy: requests/s and latency p50/p99 (through the public API, which
-  returns text: output tokens are counted for md2-caption only).
+  new image, exactly 8 output tokens (EOS ignored: random weights would stop anywhere), greedy:
+  requests/s and latency p50/p99.
 - md2-caption: normal captions of --max-tokens tokens (EOS ignored) by that many clients: tok/s.
-- md2-point, md2-detect: requests/s of point / detect (4 objects) by that many clients.
+- md2-point, md2-detect: requests/s of point / detect (at most 4 objects; the model's EOS ends a
+  request earlier, so `outputs` counts the objects found) by that many clients.
 - md2-reuse: a caption plus 4 queries on one image, sent together: through one encoded image
   (encoder and prefix prefill once) against 5 separate requests; ms per group.
-- md2-encoder: the vision encoder's forward over 1, 5, 13 and 64 crops: ms beside its compute floor
-  (2 x encoder parameters x patches / the dense bf16 peak measured here; GPU only)."""
+- md2-encoder: the vision encoder's forward over 1, 5, 13 and 64 crops as one CUDA graph: ms beside
+  its compute floor (2 x encoder parameters x patches / the dense bf16 peak measured here; GPU only)."""
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 from ..engine import LLM
-from ..models.moondream.skills import Skill, caption_prompt
+from ..models.moondream.skills import Skill, caption_prompt, query_prompt
 from ..sampling import SamplingParams
 
 QUESTION = "What is the main object in this picture, what color is it, and where is it? Answer briefly."
@@ -36,10 +37,10 @@ class SkillResult:
     mode: str
     clients: int
     requests: int
-    output_tokens: int
+    outputs: int  # output tokens (query, caption) or objects found (point, detect)
     wall_s: float
     requests_s: float
-    output_tok_s: float
+    outputs_s: float
     latency_ms_p50: float
     latency_ms_p99: float
     latency_ms_quantiles: list[float]  # at 0, 1, ..., 100 %: the CDF the plot draws
@@ -55,9 +56,9 @@ def synthetic_images(n: int, seed: int, size: tuple[int, int] = (800, 600)) -> l
 
 def closed_loop(llm: LLM, workload: str, clients: int, per_client: int, request) -> SkillResult:
     """`clients` threads each sending `per_client` requests one after another; `request(i)` sends the
-    i-th and returns its output tokens."""
+    i-th and returns its outputs (tokens or objects)."""
     latencies: list[float] = []
-    tokens = [0]
+    outputs = [0]
     lock = threading.Lock()
 
     def client(c: int) -> None:
@@ -66,7 +67,7 @@ def closed_loop(llm: LLM, workload: str, clients: int, per_client: int, request)
             n = request(c * per_client + k)
             with lock:
                 latencies.append(time.perf_counter() - t)
-                tokens[0] += n
+                outputs[0] += n
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     start = time.perf_counter()
@@ -77,34 +78,37 @@ def closed_loop(llm: LLM, workload: str, clients: int, per_client: int, request)
     wall = time.perf_counter() - start
     ms = np.asarray(latencies) * 1e3
     n = clients * per_client
-    return SkillResult(workload, llm.core.config.mode, clients, n, tokens[0], wall, n / wall, tokens[0] / wall,
+    return SkillResult(workload, llm.core.config.mode, clients, n, outputs[0], wall, n / wall, outputs[0] / wall,
                        float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
                        [round(float(x), 3) for x in np.percentile(ms, np.arange(101))])
 
 
-def _caption_tokens(llm: LLM, image: Image.Image, max_tokens: int) -> int:
-    """A normal caption of exactly max_tokens tokens (EOS ignored), as the API would send it."""
+def _text_tokens(llm: LLM, image: Image.Image, prompt: list[int], max_tokens: int) -> int:
+    """A caption or answer of exactly max_tokens tokens (EOS ignored), sent as the API sends it."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    prompt = caption_prompt(llm.core.moondream.tokenizer, "normal")
     return len(llm._run(llm.core.make_image_sequence(llm._prefix(image), prompt, params, Skill.TEXT)).token_ids)
 
 
 def run_workload(llm: LLM, workload: str, clients: int, max_tokens: int, seed: int) -> SkillResult:
     per_client = max(2, 64 // clients) if workload == "md2-query" else max(2, 16 // clients)
     images = synthetic_images(clients * per_client, seed)
+    tok = llm.core.moondream.tokenizer
     if workload == "md2-query":
+        prompt = query_prompt(tok, llm.tokenizer.encode(QUESTION))
+
         def request(i):
-            llm.query(images[i], QUESTION, settings={"temperature": 0.0, "max_tokens": 8})
-            return 0
+            return _text_tokens(llm, images[i], prompt, 8)
     elif workload == "md2-caption":
+        prompt = caption_prompt(tok, "normal")
+
         def request(i):
-            return _caption_tokens(llm, images[i], max_tokens)
+            return _text_tokens(llm, images[i], prompt, max_tokens)
     else:
         skill = workload.removeprefix("md2-")
 
         def request(i):
-            getattr(llm, skill)(images[i], "object", settings={"max_objects": 4})
-            return 0
+            found = getattr(llm, skill)(images[i], "object", settings={"max_objects": 4})
+            return len(found["objects" if skill == "detect" else "points"])
     return closed_loop(llm, workload, clients, per_client, request)
 
 
@@ -134,20 +138,26 @@ def run_reuse(llm: LLM, groups: int, seed: int) -> list[SkillResult]:
 
 
 def run_encoder(llm: LLM, crops: tuple[int, ...] = (1, 5, 13, 64)) -> list[dict[str, float]]:
-    """The vision encoder alone over crop batches, ms (CUDA events, median of 10) beside its floor."""
+    """The vision encoder alone over crop batches, a CUDA graph each, ms (CUDA events, median of 10)
+    beside its floor."""
     import torch
 
     vision = llm.core.runner.heads.vision
     cfg = vision.cfg
     a_device = llm.core.layer.device
-    a = torch.randn(8192, 8192, device=a_device, dtype=torch.bfloat16)
-    peak = 2 * 8192 ** 3 / _median_ms(lambda: a @ a) / 1e9  # FLOP per ms
-    del a
+    square = torch.randn(8192, 8192, device=a_device, dtype=torch.bfloat16)
+    peak = 2 * 8192 ** 3 / _median_ms(lambda: square @ square)  # FLOP per ms (dense bf16)
+    square = None
     params = sum(p.numel() for name, p in vision.named_parameters() if not name.startswith("proj_mlp"))
     rows = []
     for n in crops:
         x = torch.randint(0, 256, (n, 3, cfg.crop_size, cfg.crop_size), dtype=torch.uint8, device=a_device)
-        ms = _median_ms(lambda: vision.encode(vision.normalize(x)))
+        with torch.no_grad():
+            vision.encode(vision.normalize(x))  # (warm-up, then one CUDA graph, as the engine runs it)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                vision.encode(vision.normalize(x))
+        ms = _median_ms(graph.replay)
         floor = 2 * params * 729 * n / peak
         rows.append({"crops": n, "ms": ms, "floor_ms": floor, "x_floor": ms / floor})
     return rows
@@ -171,10 +181,11 @@ def _median_ms(fn, repeats: int = 10) -> float:
 
 
 def format_table(results: list[SkillResult]) -> str:
-    lines = ["workload | mode | clients | req | req/s | out tok/s | latency p50/p99 ms"]
+    lines = ["workload | mode | clients | req | req/s | outputs/req | out/s | latency p50/p99 ms"]
     for r in results:
         lines.append(f"{r.workload} | {r.mode} | {r.clients} | {r.requests} | {r.requests_s:,.1f} | "
-                     f"{r.output_tok_s:,.0f} | {r.latency_ms_p50:.1f}/{r.latency_ms_p99:.1f}")
+                     f"{r.outputs / r.requests:.1f} | {r.outputs_s:,.0f} | "
+                     f"{r.latency_ms_p50:.1f}/{r.latency_ms_p99:.1f}")
     return "\n".join(lines)
 
 

@@ -6,7 +6,8 @@ kernels, and a Qwen-shape decode step runs 49 norms. LayerNorm as torch computes
 rounding at the end); its own kernel lets it join the step's chain of PDL launches (see
 skinny_gemm). An RMSNorm may also finish the GEMM before it (`add_rms_norm`, linear.PendingSum):
 x = residual + (sum of the split-K partials + bias), rounded as the GEMM's epilogue rounds, is
-written out and normalized in the same program."""
+written out and normalized in the same program; a LayerNorm may finish a residual add the same
+way (`add_layer_norm`, the vision tower's blocks)."""
 from __future__ import annotations
 
 import torch
@@ -82,3 +83,11 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
                out: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, D] (rows may be strided, features contiguous) -> [rows, D] in x's dtype."""
     return _launch(x, weight, bias, eps, False, out)
+
+
+def add_layer_norm(residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, layer_norm(x)) for x = residual + delta (rounded as torch adds), in one launch: one read
+    of each, where torch's add then norm reads x again. delta [rows, D] contiguous."""
+    total = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
+    return total, _launch(residual, weight, bias, eps, False, None, PendingSum(delta[None], None, residual), total)

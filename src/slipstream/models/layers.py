@@ -45,6 +45,15 @@ class LayerNorm(nn.LayerNorm):
             return layer_norm(x, self.weight, self.bias, self.eps)
         return super().forward(x)
 
+    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, norm(x + delta)): one launch on CUDA."""
+        if triton_rows(x) and delta.is_contiguous():
+            from ..kernels.norm import add_layer_norm
+
+            return add_layer_norm(x, delta, self.weight, self.bias, self.eps)
+        x = x + delta
+        return x, self(x)
+
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     dim = cfg.rotary_dim

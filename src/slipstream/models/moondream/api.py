@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 from ...sampling import SamplingParams
 from ...scheduler import ImagePrefix
 from .config import PREFIX_LEN
-from .image import load_image, make_crops
+from .image import load_image, prepare_image
 from .skills import Skill, SpatialSkill, caption_prompt, object_prompt, query_prompt, settings_dict
 
 
@@ -60,10 +60,11 @@ class MoondreamAPI:
             if image._finalizer is None or not image._finalizer.alive:
                 raise ValueError("this encoded image was closed; encode the image again")
             return image.prefix
-        crops = make_crops(load_image(image), cfg.vision)
-        if self.core.layer.is_cuda:
-            crops.crops = crops.crops.pin_memory()  # (so the upload to the device is asynchronous)
-        return ImagePrefix(crops, PREFIX_LEN, holders)
+        prepared = prepare_image(load_image(image), cfg.vision)
+        if self.core.layer.is_cuda:  # (so the uploads to the device are asynchronous)
+            prepared.pixels = prepared.pixels.pin_memory()
+            prepared.plans = tuple(plan.pin_memory() for plan in prepared.plans)
+        return ImagePrefix(prepared, PREFIX_LEN, holders)
 
     def _release_prefix(self, prefix: ImagePrefix) -> None:
         if self._error is None and not self._stopping:
