@@ -51,7 +51,7 @@ def pil_crops(img: Image.Image, tiling: tuple[int, int]) -> np.ndarray:
 @pytest.mark.parametrize("size", [(378, 378), (500, 375), (50, 40), (640, 480), (800, 600), (1280, 720),
                                   (1024, 768), (1024, 1024), (4000, 500), (2000, 300)])
 def test_crops_are_pillows_lanczos_bit_for_bit(size):
-    """Pillow's two passes, horizontal first (Pillow 3.4-12, and 13 unless the height shrinks much
+    """Pillow's two passes, horizontal first (Pillow before 13, and 13 unless the height shrinks much
     more than the width: then 13 goes vertical first, docs/moondream.md), as matrix products."""
     w, h = size
     img = Image.fromarray(np.random.default_rng(w * h).integers(0, 256, (h, w, 3), dtype=np.uint8))

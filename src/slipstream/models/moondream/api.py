@@ -1,7 +1,8 @@
 """Moondream 2's skills on `LLM`, as the moondream Python client names them:
 `caption`, `query`, `point`, `detect` (and `encode_image`), each taking a PIL image, a path, bytes
-or an encoded image. Images are decoded and tiled here, on the caller's thread; the request then
-runs in the engine's pipelined loop beside text requests."""
+or an encoded image. Images are decoded and their tiling chosen here, on the caller's thread; the
+request then runs in the engine's pipelined loop beside text requests, its crops made on the
+device in its prefix's step (image.py)."""
 from __future__ import annotations
 
 import weakref
@@ -15,7 +16,7 @@ from .skills import Skill, SpatialSkill, caption_prompt, object_prompt, query_pr
 
 
 class EncodedImage:
-    """An image decoded and tiled once (`LLM.encode_image`), whose prefix in the KV cache (BOS + 729
+    """An image decoded once (`LLM.encode_image`), whose prefix in the KV cache (BOS + 729
     image positions, encoded by the first request on it) later requests reuse without running the
     encoder or the prefix's prefill again. Its pages are held until `close()` (or the `with` block's
     end, or garbage collection) and every request on it has ended."""
@@ -50,7 +51,7 @@ class MoondreamAPI:
         return self.core.moondream
 
     def encode_image(self, image: Any) -> EncodedImage:
-        """Decode and tile an image once; requests on the handle share its prefix's KV pages."""
+        """Decode an image once; requests on the handle share its prefix's KV pages."""
         return EncodedImage(self._prefix(image, holders=1), self._release_prefix)
 
     def _prefix(self, image: Any, holders: int = 0) -> ImagePrefix:
