@@ -46,7 +46,7 @@ def random_case(b, h, kvh, d, page, dtype, seed, ctx=None):
 @pytest.mark.parametrize("b,h,kvh,d", [(3, 4, 4, 64), (2, 8, 2, 64), (2, 14, 2, 64), (1, 4, 1, 128)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("pages_per_block", [1, 4])
-@pytest.mark.parametrize("dot,blocks_per_split", [(None, 8), (True, 8), (True, 1)])
+@pytest.mark.parametrize("dot,blocks_per_split", [(None, None), (None, 8), (True, 8), (True, 1)])
 def test_paged_decode_kernel_matches_reference(b, h, kvh, d, dtype, pages_per_block, dot, blocks_per_split):
     """Both forms; with one block per split, rows longer than one block are split and merged (the
     second launch checks that the first left its arrival counters reset)."""
@@ -93,7 +93,7 @@ BLOCK_EDGES = [1, 2, 16, 17, 64, 65, 128, 129]  # contexts at page and 64-token 
                                                (2, 8, 2, 64, 32, None), (1, 4, 1, 128, 128, None),
                                                (8, 8, 2, 64, 32, BLOCK_EDGES), (8, 4, 4, 64, 64, BLOCK_EDGES)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("blocks_per_split", [8, 1])
+@pytest.mark.parametrize("blocks_per_split", [None, 8, 1])
 def test_paged_decode_with_the_new_token_is_rotary_then_write_then_attention(b, h, kvh, d, rot, ctx, dtype,
                                                                               blocks_per_split):
     """The decode step's fused form: q and the step's k rotated (over `rot` features, by the rotary

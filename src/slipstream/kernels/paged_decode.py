@@ -10,9 +10,12 @@ bucket — which is what a CUDA graph needs. In a decode step each program first
 to q and to the step's k and writes k and v into their slot (`new_token`), so the rotary and the
 KV write cost no launch of their own. Runs on CPU under TRITON_INTERPRET=1 (bf16 is upcast in-kernel).
 
-Long contexts with few (row, KV head) pairs — a GQA model at low batch — would leave most SMs
-idle, so the GQA form splits the context: program (row, KV head, s) walks blocks
-[s * BLOCKS_PER_SPLIT, (s + 1) * BLOCKS_PER_SPLIT). A row whose context fits one split is done by
+Long contexts with few (row, KV head) pairs — any model at low batch — would leave most SMs
+idle, so the GQA form splits the context, and an MHA model then takes that form too, each head a
+group of one (unsplit, one row of the Phi-1.5 shape at a 760-token context took 1.95 ms a decode
+step against 1.07 ms at 64 tokens: docs/benchmarks.md, run o). Program (row, KV head, s) walks
+blocks [s * per_split, (s + 1) * per_split), per_split BLOCKS_PER_SPLIT for GQA and
+MHA_BLOCKS_PER_SPLIT for MHA. A row whose context fits one split is done by
 split 0 alone, exactly as without splitting (the other programs exit at once), so short contexts
 pay nothing; longer rows leave per-split softmax partials and the last split to arrive merges them
 (in split order, deterministic) and writes the output."""
@@ -25,6 +28,7 @@ import triton.language as tl
 from . import INTERPRET, arrival_counters, pdl_args, sm_count
 
 BLOCKS_PER_SPLIT = 8  # blocks of pages one program walks before the context is split (8 x 4 pages x 16 = 512 tokens)
+MHA_BLOCKS_PER_SPLIT = 2  # the same for an MHA model's heads (128 tokens): a group of one has 16x less to do a block
 
 
 @triton.jit
@@ -255,11 +259,12 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
                            context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
                            new_token: tuple[torch.Tensor, ...] | None = None, pages_per_block: int = 4,
                            num_warps: int = 4, dot: bool | None = None,
-                           blocks_per_split: int = BLOCKS_PER_SPLIT) -> torch.Tensor:
+                           blocks_per_split: int | None = None) -> torch.Tensor:
     """Same contract as kernels.attention.decode_attention: q [B, H, D] -> [B, H, D]. `dot` picks the
-    tensor-core formulation (default: for GQA groups) or the reduction one (default: for MHA); the
-    former splits contexts longer than `blocks_per_split` blocks of `pages_per_block` pages when
-    the (row, KV head) pairs alone cannot fill the GPU. `new_token` = (k, v, cos, sin, slot_mapping)
+    tensor-core formulation (default: for GQA groups, and for MHA when the (row, KV head) pairs alone
+    cannot fill the GPU) or the reduction one (default: for MHA otherwise); the former then splits
+    contexts longer than `blocks_per_split` blocks of `pages_per_block` pages (by default
+    BLOCKS_PER_SPLIT for GQA, MHA_BLOCKS_PER_SPLIT for MHA). `new_token` = (k, v, cos, sin, slot_mapping)
     fuses the step's rotary and KV write in: q and k ([B, KVH, D], any strides) are rotated by the
     tables cos/sin ([positions, ROT]) at each row's position, context_lens - 1 (the entries rounded
     to q's dtype), and k, v stored at `slot_mapping` before attending; without it q is rotated
@@ -267,13 +272,14 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     b, h, d = q.shape
     _, page, kvh, _ = k_pages.shape
     group = h // kvh
-    use_dot = group > 1 if dot is None else dot
+    few = b * kvh < _split_below()
+    use_dot = (group > 1 or few) if dot is None else dot
     group_pad = max(16, triton.next_power_of_2(group))
     out = torch.empty_like(q) if out is None else out
     splits, per_split = 1, 1 << 30  # (unsplit: one program walks a row's whole context)
-    if use_dot and b * kvh < _split_below():
-        per_split = blocks_per_split
-        splits = triton.cdiv(triton.cdiv(page_table.shape[1], pages_per_block), blocks_per_split)
+    if use_dot and few:
+        per_split = blocks_per_split or (BLOCKS_PER_SPLIT if group > 1 else MHA_BLOCKS_PER_SPLIT)
+        splits = triton.cdiv(triton.cdiv(page_table.shape[1], pages_per_block), per_split)
     # fp32 partials and int32 counters even when nothing splits: the merge is compiled either way
     parts = b * kvh * splits if splits > 1 else 1
     part_acc = torch.empty((parts, group_pad, d), dtype=torch.float32, device=q.device)
