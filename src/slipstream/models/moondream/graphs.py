@@ -5,8 +5,8 @@ into the KV pages), one graph per tiling (th x tw with th * tw <= max_crops: 35 
 Triton's, and the host sets its pace, not the GPU (docs/benchmarks.md, run o).
 
 The inputs live at fixed addresses: a crop buffer for the largest tiling, which the image's crops
-are made into on the device, and the prefix's 730 KV slots. The graphs
-share one memory pool: they run one at a time on that stream and none has an output of its own."""
+are made into on the device, and the prefix's 730 KV slots. The graphs share one memory pool: they
+run one at a time on that stream and none has an output of its own."""
 from __future__ import annotations
 
 import torch
