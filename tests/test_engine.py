@@ -173,6 +173,25 @@ def test_outputs_and_stats(tiny_llama):
         assert stats["kv_pages_free"] == stats["kv_pages_total"] and stats["running"] == stats["waiting"] == 0
 
 
+def test_on_finish_hands_the_result_over_instead_of_keeping_it(tiny_llama):
+    """submit(on_finish=...) (the server's engine process): called once with the output, and the
+    result is not kept for result(); pending ones get the error when the engine shuts down."""
+    llm = make_llm(tiny_llama)
+    done = threading.Event()
+    got = []
+    rid = llm.submit([5, 6, 7], SamplingParams(max_tokens=3), on_finish=lambda out, err: (got.append((out, err)),
+                                                                                       done.set()))
+    assert done.wait(30)
+    ((out, err),) = got
+    assert err is None and out.request_id == rid and len(out.token_ids) == 3
+    with pytest.raises(KeyError):
+        llm.result(rid)
+    failed = []
+    llm.submit([5, 6, 7], SamplingParams(max_tokens=1200, ignore_eos=True), on_finish=lambda o, e: failed.append(e))
+    llm.shutdown()
+    assert len(failed) == 1 and isinstance(failed[0], RuntimeError)
+
+
 def test_stop_token_ids_and_ignore_eos(tiny_llama):
     with make_llm(tiny_llama) as llm:
         base = llm.generate([[3, 4]], SamplingParams(max_tokens=8))[0].token_ids

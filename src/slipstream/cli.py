@@ -52,6 +52,17 @@ def main(argv: list[str] | None = None) -> int:
             m.add_argument("--max-objects", type=int, default=50)
             m.add_argument("--draw", type=Path, default=None, help="write the image with the marks drawn here")
 
+    v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (docs/server.md)")
+    v.add_argument("--model", default=None, help="as for generate (default: the embedded model)")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/ routes")
+    v.add_argument("--mode", default="pipelined", choices=["pipelined", "blocking"])
+    v.add_argument("--device", default=None)
+    v.add_argument("--dtype", default="auto")
+    v.add_argument("--max-num-seqs", type=int, default=256)
+    v.add_argument("--max-model-len", type=int, default=None)
+
     r = sub.add_parser("make-random", help="write a random-weight checkpoint (config, safetensors, BPE tokenizer)")
     r.add_argument("--preset", required=True,
                    help="tiny-llama, tiny-qwen3, tiny-phi, phi-1.5, qwen2.5-0.5b, tiny-moondream, moondream2")
@@ -107,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command in ("caption", "query", "point", "detect"):
             return _skill(args)
+        if args.command == "serve":
+            return _serve(args)
         if args.command == "make-random":
             from .models.random_checkpoint import write_checkpoint
 
@@ -186,4 +199,20 @@ def _generate(args) -> int:
     print()
     print(f"[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}, ttft {out.metrics.ttft * 1e3:.0f} ms, "
           f"{len(out.token_ids) / max(out.metrics.decode_seconds, 1e-9):.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def _serve(args) -> int:
+    import uvicorn
+
+    from .server.app import build_app
+    from .server.client import EngineClient
+
+    options = {"mode": args.mode, "device": args.device, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs}
+    if args.max_model_len is not None:
+        options["max_model_len"] = args.max_model_len
+    app = build_app(EngineClient(args.model, options), args.api_key)
+    logging.getLogger("slipstream").info("loading %s in the engine process; serving on http://%s:%d/v1",
+                                         args.model or "the embedded model", args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
     return 0

@@ -48,11 +48,13 @@ class RequestOutput:
 
 
 class _Pending:
-    def __init__(self, deltas: queue.SimpleQueue | None = None) -> None:
+    def __init__(self, deltas: queue.SimpleQueue | None = None,
+                 on_finish: Callable[[RequestOutput | None, BaseException | None], None] | None = None) -> None:
         self.done = threading.Event()
         self.output: RequestOutput | None = None
         self.error: BaseException | None = None
         self.deltas = deltas  # for stream(): text deltas, then None when the request has ended
+        self.on_finish = on_finish  # for submit(on_finish=...): called instead of keeping the result
 
 
 class EngineCore:
@@ -207,12 +209,16 @@ class LLM(MoondreamAPI):
 
     # ---- submit / abort / result --------------------------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
-               on_token: Callable[[int, int, str], None] | None = None) -> int:
+               on_token: Callable[[int, int, str], None] | None = None,
+               on_finish: Callable[[RequestOutput | None, BaseException | None], None] | None = None) -> int:
         """Validate and queue one request; returns its id. Bad input raises here and never reaches
         the loop. `on_token(request_id, num_tokens, text_delta)` is called on the loop thread after
         each committed token (the delta is "" while a character is still incomplete); if it raises,
-        the request is aborted and its result raises that error."""
-        return self._enqueue([(self.core.make_sequence(prompt, params, on_token), _Pending())])[0]
+        the request is aborted and its result raises that error. With `on_finish(output, error)`
+        (called once, on the loop thread, when the request ends or the engine dies) the result is
+        handed there and not kept for `result()`."""
+        seq = self.core.make_sequence(prompt, params, on_token)
+        return self._enqueue([(seq, _Pending(on_finish=on_finish))])[0]
 
     def submit_many(self, prompts: Seq[str | list[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
                     on_token: Callable[[int, int, str], None] | None = None) -> list[int]:
@@ -325,7 +331,11 @@ class LLM(MoondreamAPI):
         out = self.core.output(seq)
         with self._cv:
             pending = self._pending.get(seq.request_id)
-        if pending is not None:
+            if pending is not None and pending.on_finish is not None:
+                del self._pending[seq.request_id]
+        if pending is not None and pending.on_finish is not None:
+            pending.on_finish(out, seq.error)
+        elif pending is not None:
             pending.output, pending.error = out, seq.error
             pending.done.set()
             if pending.deltas is not None:
@@ -359,12 +369,16 @@ class LLM(MoondreamAPI):
 
     def _fail_pending(self, error: BaseException) -> None:
         with self._cv:
+            callbacks = [p.on_finish for p in self._pending.values() if p.on_finish is not None]
+            self._pending = {rid: p for rid, p in self._pending.items() if p.on_finish is None}
             for pending in self._pending.values():
                 if not pending.done.is_set():
                     pending.error = error
                     pending.done.set()
                     if pending.deltas is not None:
                         pending.deltas.put(None)
+        for on_finish in callbacks:
+            on_finish(None, error)
 
     def _raise_if_dead(self) -> None:
         if self._error is not None:

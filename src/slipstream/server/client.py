@@ -1,0 +1,108 @@
+"""The API process's side of the engine: it starts the engine process, sends it requests and
+routes its batches of deltas to each request's asyncio queue. If the engine process dies, every
+request in flight ends at once with an error and later ones are refused (`/health` says so)."""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from .engine_process import run_engine
+from .protocol import Abort, Delta, FromEngine, Generate, Ready
+
+
+class EngineDead(RuntimeError):
+    pass
+
+
+class EngineClient:
+    def __init__(self, model: str | None, options: dict[str, Any]) -> None:
+        self.model, self.options = model, options
+        self.ready: Ready | None = None
+        self.dead: str | None = None
+        self._queues: dict[str, asyncio.Queue[Delta]] = {}
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(FromEngine)
+
+    async def start(self, timeout: float = 600.0) -> None:
+        """Start the engine process and wait until its model is loaded."""
+        folder = Path(tempfile.mkdtemp(prefix="slipstream-"))
+        requests_addr, outputs_addr = f"ipc://{folder}/requests", f"ipc://{folder}/outputs"
+        self._ctx = zmq.asyncio.Context()
+        self._requests = self._ctx.socket(zmq.PUSH)
+        self._requests.bind(requests_addr)
+        self._outputs = self._ctx.socket(zmq.PULL)
+        self._outputs.bind(outputs_addr)
+        self._process = multiprocessing.get_context("spawn").Process(
+            target=run_engine, args=(self.model, self.options, requests_addr, outputs_addr), daemon=True,
+            name="slipstream-engine")
+        self._process.start()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.ready is None:
+            if not self._process.is_alive():
+                raise EngineDead(f"the engine process exited (code {self._process.exitcode}) while loading the "
+                                 f"model; its error is above")
+            if await self._outputs.poll(200):
+                message = self._decoder.decode(await self._outputs.recv())
+                if isinstance(message, Ready):
+                    self.ready = message
+            if asyncio.get_running_loop().time() > deadline:
+                raise EngineDead(f"the engine process did not load the model within {timeout:.0f} s")
+        self._router = asyncio.create_task(self._route())
+        self._watch = asyncio.create_task(self._watch_process())
+
+    async def generate(self, params: dict[str, Any], prompt: str | list[int] | None = None,
+                       messages: list[dict] | None = None) -> AsyncIterator[Delta]:
+        """The request's deltas; leaving early (a client gone) aborts it in the engine."""
+        if self.dead is not None:
+            raise EngineDead(self.dead)
+        request_id = uuid.uuid4().hex
+        deltas: asyncio.Queue[Delta] = asyncio.Queue()
+        self._queues[request_id] = deltas
+        finished = False
+        try:
+            await self._requests.send(self._encoder.encode(Generate(request_id, prompt, messages, params)))
+            while True:
+                delta = await deltas.get()
+                yield delta
+                if delta.finish_reason is not None:
+                    finished = True
+                    return
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished and self.dead is None:
+                await self._requests.send(self._encoder.encode(Abort(request_id)))
+
+    async def _route(self) -> None:
+        while True:
+            batch = self._decoder.decode(await self._outputs.recv())
+            for delta in batch:
+                q = self._queues.get(delta.id)
+                if q is not None:
+                    q.put_nowait(delta)
+
+    async def _watch_process(self) -> None:
+        while self._process.is_alive():
+            await asyncio.sleep(0.1)
+        self.dead = f"the engine process exited (code {self._process.exitcode})"
+        for request_id, q in list(self._queues.items()):
+            q.put_nowait(Delta(request_id, finish_reason="error", error=self.dead))
+
+    async def stop(self, grace: float = 5.0) -> None:
+        for task in (getattr(self, "_router", None), getattr(self, "_watch", None)):
+            if task is not None:
+                task.cancel()
+        if getattr(self, "_process", None) is not None and self._process.is_alive():
+            self._process.terminate()
+            self._process.join(grace)
+            if self._process.is_alive():
+                self._process.kill()
+        if getattr(self, "_ctx", None) is not None:
+            self._ctx.destroy(linger=0)
