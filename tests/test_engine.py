@@ -176,7 +176,7 @@ def test_outputs_and_stats(tiny_llama):
 def test_on_finish_hands_the_result_over_instead_of_keeping_it(tiny_llama):
     """submit(on_finish=...) (the server's engine process): called once with the output, and the
     result is not kept for result(); pending ones get the error when the engine shuts down."""
-    llm = make_llm(tiny_llama)
+    llm = make_llm(tiny_llama, num_pages=1024)
     done = threading.Event()
     got = []
     rid = llm.submit([5, 6, 7], SamplingParams(max_tokens=3), on_finish=lambda out, err: (got.append((out, err)),
@@ -187,7 +187,7 @@ def test_on_finish_hands_the_result_over_instead_of_keeping_it(tiny_llama):
     with pytest.raises(KeyError):
         llm.result(rid)
     failed = []
-    llm.submit([5, 6, 7], SamplingParams(max_tokens=1200, ignore_eos=True), on_finish=lambda o, e: failed.append(e))
+    llm.submit([5, 6, 7], SamplingParams(max_tokens=3000, ignore_eos=True), on_finish=lambda o, e: failed.append(e))
     llm.shutdown()
     assert len(failed) == 1 and isinstance(failed[0], RuntimeError)
 
