@@ -23,6 +23,7 @@ openai = pytest.importorskip("openai")
 from slipstream import LLM, SamplingParams  # noqa: E402
 
 KEY = "sk-test"
+IN_FLIGHT = 10
 MODEL = "random:tiny-llama"
 
 
@@ -62,7 +63,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start_server("--api-key", KEY)
+    proc, url = start_server("--api-key", KEY, "--max-in-flight", str(IN_FLIGHT))
     yield url
     stop_server(proc)
 
@@ -160,6 +161,44 @@ def test_a_client_leaving_frees_the_engine_for_others(server, client, stream):
     out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, timeout=60,
                                     extra_body={"ignore_eos": True})
     assert out.choices[0].finish_reason == "length" and time.monotonic() - start < 3
+
+
+def test_over_the_in_flight_limit_a_request_gets_429_with_retry_after(server):
+    headers = {"authorization": f"Bearer {KEY}"}
+    body = {"prompt": "Once", "max_tokens": 1000, "ignore_eos": True}
+
+    def in_flight() -> float:
+        line = next(x for x in httpx.get(server + "/metrics").text.splitlines()
+                    if x.startswith("slipstream_requests_in_flight "))
+        return float(line.split()[1])
+
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        answers = [pool.submit(httpx.post, server + "/v1/completions", json=body, headers=headers, timeout=120)
+                   for _ in range(IN_FLIGHT)]
+        deadline = time.monotonic() + 30
+        while in_flight() < IN_FLIGHT and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = httpx.post(server + "/v1/completions", json={"prompt": "x"}, headers=headers)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        assert all(a.result().status_code == 200 for a in answers)
+
+
+def test_metrics_count_requests_and_show_no_page_held_once_idle(server, client):
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(server + "/metrics").text
+        values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+                  if line and not line.startswith("#")}
+        idle = values["slipstream_kv_pages_in_use"] == 0 and values["slipstream_requests_in_flight"] == 0
+        if idle or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert idle and values["slipstream_kv_pages_total"] > 0
+    assert values['slipstream_requests_total{finish_reason="length"}'] >= 1
+    assert values["slipstream_time_to_first_token_seconds_count"] >= 1
+    assert values["slipstream_decode_steps"] > 0
 
 
 def _engine_pid(server_pid: int) -> int:

@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--dtype", default="auto")
     v.add_argument("--max-num-seqs", type=int, default=256)
     v.add_argument("--max-model-len", type=int, default=None)
+    v.add_argument("--max-in-flight", type=int, default=4096,
+                   help="requests served at once; one more gets 429 with Retry-After")
 
     r = sub.add_parser("make-random", help="write a random-weight checkpoint (config, safetensors, BPE tokenizer)")
     r.add_argument("--preset", required=True,
@@ -211,7 +213,7 @@ def _serve(args) -> int:
     options = {"mode": args.mode, "device": args.device, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs}
     if args.max_model_len is not None:
         options["max_model_len"] = args.max_model_len
-    app = build_app(EngineClient(args.model, options), args.api_key)
+    app = build_app(EngineClient(args.model, options), args.api_key, args.max_in_flight)
     logging.getLogger("slipstream").info("loading %s in the engine process; serving on http://%s:%d/v1",
                                          args.model or "the embedded model", args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)

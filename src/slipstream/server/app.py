@@ -1,7 +1,7 @@
 """The HTTP side (FastAPI): /v1/models, /v1/completions, /v1/chat/completions (SSE streaming,
-`stream_options.include_usage`), /health. Errors are OpenAI-shaped: 400 naming the field for a
-bad request, 401 without the API key, 500 when the engine fails, 503 when it is gone. A client
-that disconnects aborts its request in the engine."""
+`stream_options.include_usage`), /health, /metrics. Errors are OpenAI-shaped: 400 naming the
+field for a bad request, 401 without the API key, 429 over the in-flight limit, 500 when the
+engine fails, 503 when it is gone. A client that disconnects aborts its request in the engine."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .client import EngineClient, EngineDead
+from .metrics import ServerMetrics
 from .openai_fields import FieldError, sampling_fields
 from .protocol import Delta
 
@@ -25,7 +26,11 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
 
-def build_app(engine: EngineClient, api_key: str | None = None) -> FastAPI:
+def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: int = 4096) -> FastAPI:
+    """`max_in_flight`: requests served at once (running, queued in the engine, or streaming out);
+    one more gets a 429 with Retry-After instead of a queue that grows without bound."""
+    metrics = ServerMetrics(engine)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         await engine.start()
@@ -46,6 +51,10 @@ def build_app(engine: EngineClient, api_key: str | None = None) -> FastAPI:
         if engine.dead is not None:
             return error(503, engine.dead, "engine_dead")
         return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -81,12 +90,18 @@ def build_app(engine: EngineClient, api_key: str | None = None) -> FastAPI:
             return error(400, str(e), param=e.param)
         if engine.dead is not None:
             return error(503, engine.dead, "engine_dead")
-        deltas = engine.generate(params, **source)
+        if engine.in_flight >= max_in_flight:
+            response = error(429, f"the server is serving {engine.in_flight} requests, its limit; retry shortly",
+                             "rate_limit_error")
+            response.headers["Retry-After"] = "1"
+            return response
+        deltas = metrics.observe(engine.generate(params, **source))
         try:
             first = await anext(deltas)
         except EngineDead as e:
             return error(503, str(e), "engine_dead")
         if first.error is not None:
+            await deltas.aclose()
             return error(400 if first.invalid else 500, first.error, "invalid_request_error" if first.invalid
                          else "engine_error")
         reply = _Reply(chat, engine.ready.model)

@@ -15,7 +15,7 @@ import zmq
 import zmq.asyncio
 
 from .engine_process import run_engine
-from .protocol import Abort, Delta, FromEngine, Generate, Ready
+from .protocol import Abort, Delta, FromEngine, Generate, Ready, Stats
 
 
 class EngineDead(RuntimeError):
@@ -26,6 +26,7 @@ class EngineClient:
     def __init__(self, model: str | None, options: dict[str, Any]) -> None:
         self.model, self.options = model, options
         self.ready: Ready | None = None
+        self.stats: Stats | None = None  # the engine's latest (it sends them twice a second)
         self.dead: str | None = None
         self._queues: dict[str, asyncio.Queue[Delta]] = {}
         self._encoder = msgspec.msgpack.Encoder()
@@ -53,6 +54,8 @@ class EngineClient:
                 message = self._decoder.decode(await self._outputs.recv())
                 if isinstance(message, Ready):
                     self.ready = message
+                elif isinstance(message, Stats):
+                    self.stats = message
             if asyncio.get_running_loop().time() > deadline:
                 raise EngineDead(f"the engine process did not load the model within {timeout:.0f} s")
         self._router = asyncio.create_task(self._route())
@@ -80,9 +83,16 @@ class EngineClient:
             if not finished and self.dead is None:
                 await self._requests.send(self._encoder.encode(Abort(request_id)))
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._queues)
+
     async def _route(self) -> None:
         while True:
             batch = self._decoder.decode(await self._outputs.recv())
+            if isinstance(batch, Stats):
+                self.stats = batch
+                continue
             for delta in batch:
                 q = self._queues.get(delta.id)
                 if q is not None:

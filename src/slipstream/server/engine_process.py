@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any
 
 import msgspec
@@ -16,7 +17,7 @@ import zmq
 
 from ..engine import LLM, RequestOutput
 from ..sampling import SamplingParams
-from .protocol import Abort, Delta, Generate, Ready, ToEngine
+from .protocol import Abort, Delta, Generate, Ready, Stats, ToEngine
 
 
 def run_engine(model: str | None, options: dict[str, Any], requests_addr: str, outputs_addr: str) -> None:
@@ -28,7 +29,7 @@ def run_engine(model: str | None, options: dict[str, Any], requests_addr: str, o
     llm = LLM(model, **options)
     outputs.send(encoder.encode(Ready(model=model or "SmolLM2-135M-Instruct", max_model_len=llm.core.max_model_len)))
     outbox: queue.SimpleQueue[Delta] = queue.SimpleQueue()
-    threading.Thread(target=_send_batches, args=(outbox, outputs, encoder), daemon=True).start()
+    threading.Thread(target=_send_batches, args=(llm, outbox, outputs, encoder), daemon=True).start()
     requests = ctx.socket(zmq.PULL)
     requests.connect(requests_addr)
     decoder = msgspec.msgpack.Decoder(ToEngine)
@@ -97,9 +98,20 @@ def _submit(llm: LLM, message: Generate, outbox: queue.SimpleQueue, running: _Ru
     return llm.submit(prompt, params, on_token, on_finish)
 
 
-def _send_batches(outbox: queue.SimpleQueue, socket: zmq.Socket, encoder: msgspec.msgpack.Encoder) -> None:
+def _send_batches(llm: LLM, outbox: queue.SimpleQueue, socket: zmq.Socket, encoder: msgspec.msgpack.Encoder,
+                  stats_every: float = 0.5) -> None:
+    """The one thread that sends: batches of deltas as they come, the engine's stats between them."""
+    next_stats = time.monotonic()
     while True:
-        batch = [outbox.get()]
+        now = time.monotonic()
+        if now >= next_stats:
+            stats = llm.stats()
+            socket.send(encoder.encode(Stats(**{k: stats[k] for k in Stats.__struct_fields__})))
+            next_stats = now + stats_every
+        try:
+            batch = [outbox.get(timeout=max(0.0, next_stats - now))]
+        except queue.Empty:
+            continue
         while True:
             try:
                 batch.append(outbox.get_nowait())

@@ -2,7 +2,7 @@
 
 API -> engine: `Generate` (a prompt or chat messages and the sampling fields), `Abort`.
 Engine -> API: batches of `Delta` (a request's new text; the last one carries its finish reason,
-token counts or an error) and one `Ready` when the model is loaded."""
+token counts or an error), one `Ready` when the model is loaded, and `Stats` twice a second."""
 from __future__ import annotations
 
 import msgspec
@@ -34,5 +34,15 @@ class Ready(msgspec.Struct, tag=True):
     max_model_len: int
 
 
+class Stats(msgspec.Struct, tag=True):
+    """LLM.stats() of the engine: KV pages, requests running and waiting, steps so far."""
+    kv_pages_total: int
+    kv_pages_free: int
+    running: int
+    waiting: int
+    prefill_steps: int
+    decode_steps: int
+
+
 ToEngine = Generate | Abort
-FromEngine = list[Delta] | Ready
+FromEngine = list[Delta] | Ready | Stats
