@@ -70,10 +70,7 @@ class Moondream:
         image = image.convert("RGB")
         w, h = image.size
         th, tw = self.tiling(h - 112, w - 112)
-        out = [np.asarray(image.resize((378, 378), Image.LANCZOS))]
-        big = np.asarray(image.resize((tw * 266 + 112, th * 266 + 112), Image.LANCZOS))
-        out += [big[266 * i:266 * i + 378, 266 * j:266 * j + 378] for i in range(th) for j in range(tw)]
-        x = torch.from_numpy(np.stack(out)).permute(0, 3, 1, 2).to(torch.bfloat16)
+        x = torch.from_numpy(pil_crops(image, (th, tw))).to(torch.bfloat16)
         return ((x / 255 - 0.5) / 0.5).to(device=self.device, dtype=self.dtype), (th, tw)
 
     # ---- §1.1, §3.7-3.10: vision --------------------------------------------------------------
@@ -210,3 +207,12 @@ class Moondream:
             logits, hidden = step(emb)
             h, tok = hidden[-1], int(logits.argmax())
         return out
+
+
+def pil_crops(image: Image.Image, tiling: tuple[int, int]) -> np.ndarray:
+    """§3.3-3.5 with Pillow's Lanczos: uint8 [1 + th*tw, 3, 378, 378], the global crop first."""
+    th, tw = tiling
+    out = [np.asarray(image.resize((378, 378), Image.LANCZOS))]
+    big = np.asarray(image.resize((tw * 266 + 112, th * 266 + 112), Image.LANCZOS))
+    out += [big[266 * i:266 * i + 378, 266 * j:266 * j + 378] for i in range(th) for j in range(tw)]
+    return np.stack(out).transpose(0, 3, 1, 2)

@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
+from moondream_reference import pil_crops
 from slipstream.kernels.attention import block_attention
 from slipstream.models.loader import load_checkpoint
 from slipstream.models.moondream.config import MoondreamConfig, VisionConfig
@@ -37,15 +38,6 @@ def test_crops_are_the_global_crop_then_local_tiles_row_major():
     assert prepared.tiling == (2, 4) and crops.shape == (9, 3, 378, 378) and crops.dtype == torch.uint8
     assert crops[1, 0, 10, 10] == 255 and crops[1, 1, 10, 10] == 0  # tile (0, 0): red
     assert crops[8, 0, -10, -10] == 0  # tile (1, 3): black
-
-
-def pil_crops(img: Image.Image, tiling: tuple[int, int]) -> np.ndarray:
-    """The reference's crops (Pillow's Lanczos), [n, 3, C, C]."""
-    th, tw = tiling
-    out = [np.asarray(img.resize((378, 378), Image.LANCZOS))]
-    big = np.asarray(img.resize((tw * 266 + 112, th * 266 + 112), Image.LANCZOS))
-    out += [big[266 * i:266 * i + 378, 266 * j:266 * j + 378] for i in range(th) for j in range(tw)]
-    return np.stack(out).transpose(0, 3, 1, 2)
 
 
 @pytest.mark.parametrize("size", [(378, 378), (500, 375), (50, 40), (640, 480), (800, 600), (1280, 720),

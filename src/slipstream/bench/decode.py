@@ -162,17 +162,25 @@ def copy_bandwidth(n_bytes: int = 1 << 31) -> float:
 
     x = torch.empty(n_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    times = []
-    for _ in range(10):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        y.copy_(x)
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / 1e3)
-    return 2 * n_bytes / float(np.median(times))
+    return 2 * n_bytes / (median_cuda_ms(lambda: y.copy_(x)) / 1e3)
+
+
+def median_cuda_ms(fn, repeats: int = 10) -> float:
+    """fn's GPU time in ms, the median of `repeats` runs between CUDA events, after 3 warm-ups."""
+    import torch
+
+    with torch.no_grad():
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return float(np.median(times))
 
 
 def floor_ms(llm: LLM, streams: int, context: int, bandwidth: float) -> float:

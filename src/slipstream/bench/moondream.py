@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from ..engine import LLM
+from .decode import median_cuda_ms
 from ..models.moondream.skills import Skill, caption_prompt, query_prompt
 from ..sampling import SamplingParams
 
@@ -146,7 +147,7 @@ def run_encoder(llm: LLM, crops: tuple[int, ...] = (1, 5, 13, 64)) -> list[dict[
     cfg = vision.cfg
     a_device = llm.core.layer.device
     square = torch.randn(8192, 8192, device=a_device, dtype=torch.bfloat16)
-    peak = 2 * 8192 ** 3 / _median_ms(lambda: square @ square)  # FLOP per ms (dense bf16)
+    peak = 2 * 8192 ** 3 / median_cuda_ms(lambda: square @ square)  # FLOP per ms (dense bf16)
     square = None
     params = sum(p.numel() for name, p in vision.named_parameters() if not name.startswith("proj_mlp"))
     rows = []
@@ -157,27 +158,10 @@ def run_encoder(llm: LLM, crops: tuple[int, ...] = (1, 5, 13, 64)) -> list[dict[
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 vision.encode(vision.normalize(x))
-        ms = _median_ms(graph.replay)
+        ms = median_cuda_ms(graph.replay)
         floor = 2 * params * 729 * n / peak
         rows.append({"crops": n, "ms": ms, "floor_ms": floor, "x_floor": ms / floor})
     return rows
-
-
-def _median_ms(fn, repeats: int = 10) -> float:
-    import torch
-
-    with torch.no_grad():
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    return float(np.median(times))
 
 
 def format_table(results: list[SkillResult]) -> str:
