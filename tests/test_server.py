@@ -1,69 +1,29 @@
 """The OpenAI-compatible server (`slipstream serve`) through the real `openai` client, against a
-server process this module starts on 127.0.0.1 with random:tiny-llama: its answers are the
-offline engine's, streaming concatenates to the whole, structured output holds, bad requests get
-OpenAI-shaped 400s naming the field, the API key is checked, a client that leaves mid-stream
-aborts its request, and when the engine process dies requests fail at once and /health says so."""
+server process this module starts on 127.0.0.1 with random:tiny-llama: its answers are the offline
+engine's (text, n choices and their seeds, logprobs), streaming concatenates to the whole,
+structured output holds, bad requests get OpenAI-shaped 400s naming the field before any
+tokenization work, the API key is checked, and /metrics counts requests, pages and GPU time.
+Faults (disconnects, the engine's death, SIGTERM, a battery of mixed traffic): test_server_faults.py."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 
 openai = pytest.importorskip("openai")
 
+from serving import metric_values, start_server, stop_server, wait_idle  # noqa: E402
 from slipstream import LLM, SamplingParams  # noqa: E402
 
 KEY = "sk-test"
-IN_FLIGHT = 10
 MODEL = "random:tiny-llama"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(*extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
-    proc = subprocess.Popen([sys.executable, "-m", "slipstream", "serve", "--model", MODEL, "--device", "cpu",
-                             "--port", str(port), "--max-num-seqs", "8", *extra], env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the server did not come up within 120 s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+AUTH = {"authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start_server("--api-key", KEY, "--max-in-flight", str(IN_FLIGHT))
+    proc, url = start_server(MODEL, "--api-key", KEY)
     yield url
     stop_server(proc)
 
@@ -104,6 +64,53 @@ def test_streamed_chat_concatenates_to_the_whole_and_reports_usage(client):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 10
 
 
+def test_n_choices_are_the_offline_engines_with_seeds_seed_plus_index(client, offline):
+    out = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=8, temperature=1.0, seed=7, n=3,
+                                    extra_body={"ignore_eos": True})
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    for i, choice in enumerate(out.choices):
+        want = offline.generate("Once upon", SamplingParams(max_tokens=8, temperature=1.0, seed=7 + i,
+                                                            ignore_eos=True))[0]
+        assert choice.text == want.text
+    assert len({c.text for c in out.choices}) > 1
+    assert out.usage.completion_tokens == 24
+
+
+def test_streamed_n_choices_each_concatenate_to_the_whole(client):
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0.8, seed=2,
+                n=2, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**body)
+    texts = {0: "", 1: ""}
+    for chunk in client.chat.completions.create(stream=True, **body):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == {c.index: c.message.content for c in whole.choices}
+
+
+def test_completion_logprobs_are_the_offline_engines(client, offline):
+    out = client.completions.create(model=MODEL, prompt="The sea is", max_tokens=5, temperature=0, logprobs=3,
+                                    extra_body={"ignore_eos": True})
+    want = offline.generate("The sea is", SamplingParams(max_tokens=5, logprobs=3, ignore_eos=True))[0]
+    lp = out.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx([e[t] for t, e in zip(want.token_ids, want.logprobs)], abs=1e-4)
+    assert [len(top) for top in lp.top_logprobs] == [3] * 5
+    pieces = [offline.tokenizer.decode([t]) for t in want.token_ids]
+    assert [t for t, p in zip(lp.tokens, pieces) if "\ufffd" not in p] == [p for p in pieces if "\ufffd" not in p]
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+
+
+def test_chat_logprobs_carry_bytes_and_stream_as_they_come(client):
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0,
+                logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**body).choices[0].logprobs.content
+    assert len(whole) == 6 and all(len(t.top_logprobs) == 2 for t in whole)
+    assert all(bytes(t.bytes).decode("utf-8", "replace") == t.token for t in whole)
+    assert all(t.logprob == pytest.approx(max(t.logprob, t.top_logprobs[0].logprob)) for t in whole)  # (greedy)
+    streamed = [t for chunk in client.chat.completions.create(stream=True, **body) if chunk.choices
+                and chunk.choices[0].logprobs for t in chunk.choices[0].logprobs.content]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in whole]
+
+
 def test_a_json_schema_response_is_valid_json_of_that_schema(client):
     pytest.importorskip("xgrammar")
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
@@ -114,8 +121,9 @@ def test_a_json_schema_response_is_valid_json_of_that_schema(client):
     assert isinstance(json.loads(out.choices[0].message.content)["name"], str)
 
 
-@pytest.mark.parametrize("fields,param", [({"temperature": -1}, None), ({"n": 2}, "n"), ({"logprobs": 2}, "logprobs"),
-                                          ({"max_tokens": 0}, "max_tokens"), ({"stop": [3]}, "stop")])
+@pytest.mark.parametrize("fields,param", [({"temperature": -1}, None), ({"n": 0}, "n"), ({"logprobs": 21}, "logprobs"),
+                                          ({"max_tokens": 0}, "max_tokens"), ({"stop": [3]}, "stop"),
+                                          ({"logit_bias": {"1": 2}}, "logit_bias")])
 def test_bad_requests_get_a_400_naming_the_problem(client, fields, param):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt="x", **fields)
@@ -124,11 +132,43 @@ def test_bad_requests_get_a_400_naming_the_problem(client, fields, param):
     assert next(iter(fields)) in body["message"]
 
 
+@pytest.mark.parametrize("fields,param", [({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": 3}, "logprobs")])
+def test_chat_logprob_fields_are_checked(server, fields, param):
+    r = httpx.post(server + "/v1/chat/completions", headers=AUTH,
+                   json={"messages": [{"role": "user", "content": "x"}], **fields})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
 def test_malformed_bodies_and_missing_prompts_are_400(server):
-    headers = {"authorization": f"Bearer {KEY}"}
-    assert httpx.post(server + "/v1/completions", content=b"{not json", headers=headers).status_code == 400
-    missing = httpx.post(server + "/v1/completions", json={"max_tokens": 3}, headers=headers)
+    assert httpx.post(server + "/v1/completions", content=b"{not json", headers=AUTH).status_code == 400
+    missing = httpx.post(server + "/v1/completions", json={"max_tokens": 3}, headers=AUTH)
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt"
+
+
+def test_prompts_longer_than_the_context_are_refused_before_tokenization(server):
+    """4,096 tokens of at most 13 bytes each: a longer text cannot fit, and is refused on its size."""
+    text = httpx.post(server + "/v1/completions", headers=AUTH, json={"prompt": "a" * (4096 * 13 + 1)})
+    assert text.status_code == 400 and text.json()["error"]["param"] == "prompt"
+    assert "bytes" in text.json()["error"]["message"]
+    ids = httpx.post(server + "/v1/completions", headers=AUTH, json={"prompt": [1] * 4096})
+    assert ids.status_code == 400 and "4096 tokens" in ids.json()["error"]["message"]
+    chat = httpx.post(server + "/v1/chat/completions", headers=AUTH,
+                      json={"messages": [{"role": "user", "content": "é" * 30_000}]})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+
+
+def test_a_body_over_the_limit_is_413(server):
+    r = httpx.post(server + "/v1/completions", headers=AUTH, content=b"x" * (33 << 20))
+    assert r.status_code == 413
+
+
+def test_image_parts_and_skills_need_a_moondream_model(server):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    r = httpx.post(server + "/v1/chat/completions", headers=AUTH, json={
+        "messages": [{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}]})
+    assert r.status_code == 400 and "Moondream" in r.json()["error"]["message"]
+    r = httpx.post(server + "/v1/caption", headers=AUTH, json={"image_url": image["image_url"]["url"]})
+    assert r.status_code == 404 and "Moondream" in r.json()["error"]["message"]
 
 
 def test_the_api_key_is_required(server):
@@ -137,100 +177,29 @@ def test_the_api_key_is_required(server):
     assert httpx.get(server + "/health").status_code == 200  # (health is open)
 
 
-@pytest.mark.parametrize("stream", [True, False])
-def test_a_client_leaving_frees_the_engine_for_others(server, client, stream):
-    """Eight requests of 4,000 tokens (as many as the engine's rows; ~10 s of decoding here) are
-    dropped early (a stream after its first chunk, a whole response by a 1 s client timeout); a
-    request sent after them is answered within seconds, which it could not be if the dropped ones
-    still held every row."""
-    headers = {"authorization": f"Bearer {KEY}"}
-    body = {"prompt": "Once", "max_tokens": 4000, "ignore_eos": True, "stream": stream}
-
-    def leave(_: int) -> None:
-        if stream:
-            with httpx.stream("POST", server + "/v1/completions", json=body, headers=headers, timeout=30) as r:
-                next(r.iter_lines())
-        else:
-            with pytest.raises(httpx.ReadTimeout):
-                httpx.post(server + "/v1/completions", json=body, headers=headers, timeout=1)
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(leave, range(8)))
-    time.sleep(0.5)  # (a whole response's handler looks for its client every 0.25 s)
-    start = time.monotonic()
-    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, timeout=60,
-                                    extra_body={"ignore_eos": True})
-    assert out.choices[0].finish_reason == "length" and time.monotonic() - start < 3
-
-
-def test_over_the_in_flight_limit_a_request_gets_429_with_retry_after(server):
-    headers = {"authorization": f"Bearer {KEY}"}
-    body = {"prompt": "Once", "max_tokens": 1000, "ignore_eos": True}
-
-    def in_flight() -> float:
-        line = next(x for x in httpx.get(server + "/metrics").text.splitlines()
-                    if x.startswith("slipstream_requests_in_flight "))
-        return float(line.split()[1])
-
-    with ThreadPoolExecutor(IN_FLIGHT) as pool:
-        answers = [pool.submit(httpx.post, server + "/v1/completions", json=body, headers=headers, timeout=120)
-                   for _ in range(IN_FLIGHT)]
-        deadline = time.monotonic() + 30
-        while in_flight() < IN_FLIGHT and time.monotonic() < deadline:
-            time.sleep(0.05)
-        r = httpx.post(server + "/v1/completions", json={"prompt": "x"}, headers=headers)
-        assert r.status_code == 429 and r.headers["retry-after"] == "1"
-        assert r.json()["error"]["type"] == "rate_limit_error"
-        assert all(a.result().status_code == 200 for a in answers)
-
-
-def test_metrics_count_requests_and_show_no_page_held_once_idle(server, client):
+def test_metrics_count_requests_steps_and_gpu_time_and_show_no_page_held_once_idle(server, client):
     client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
-    deadline = time.monotonic() + 10
-    while True:
-        text = httpx.get(server + "/metrics").text
-        values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-                  if line and not line.startswith("#")}
-        idle = values["slipstream_kv_pages_in_use"] == 0 and values["slipstream_requests_in_flight"] == 0
-        if idle or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert idle and values["slipstream_kv_pages_total"] > 0
+    values = wait_idle(server)
+    assert values["slipstream_kv_pages_in_use"] == 0 and values["slipstream_kv_pages_total"] > 0
     assert values['slipstream_requests_total{finish_reason="length"}'] >= 1
     assert values["slipstream_time_to_first_token_seconds_count"] >= 1
-    assert values["slipstream_decode_steps"] > 0
+    steps = values["slipstream_decode_steps_total"] + values["slipstream_prefill_steps_total"]
+    assert values["slipstream_decode_steps_total"] > 0 and values["slipstream_timed_steps_total"] == steps
+    assert values["slipstream_gpu_busy_seconds_total"] > 0
+    # idle is counted between consecutive steps only: fewer gaps than steps, summing to the idle total
+    gaps = values["slipstream_gpu_idle_per_step_seconds_count"]
+    assert 0 < gaps < steps
+    assert values["slipstream_gpu_idle_per_step_seconds_sum"] == pytest.approx(
+        values["slipstream_gpu_idle_seconds_total"])
+    assert values['slipstream_gpu_idle_per_step_seconds_bucket{le="+Inf"}'] == gaps
 
 
-def _engine_pid(server_pid: int) -> int:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == server_pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-            return int(stat.parent.name)
-    raise LookupError("no engine process")
-
-
-@pytest.mark.skipif(not Path("/proc").exists(), reason="finds the engine process through /proc")
-def test_when_the_engine_process_dies_requests_fail_at_once_and_health_says_so():
-    proc, url = start_server()
+def test_step_timing_can_be_left_out():
+    proc, url = start_server(MODEL, "--no-step-timing")
     try:
-        llm = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        stream = llm.completions.create(model=MODEL, prompt="Once", max_tokens=4000, stream=True,
-                                        extra_body={"ignore_eos": True})
-        next(iter(stream))
-        os.kill(_engine_pid(proc.pid), signal.SIGKILL)
-        start = time.monotonic()
-        with pytest.raises(Exception):
-            for _ in stream:
-                pass
-        assert time.monotonic() - start < 5
-        time.sleep(0.5)
-        assert httpx.get(url + "/health").status_code == 503
-        with pytest.raises(openai.APIStatusError) as e:
-            llm.completions.create(model=MODEL, prompt="x", max_tokens=2)
-        assert e.value.status_code == 503
+        httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+        values = wait_idle(url)
+        assert values["slipstream_decode_steps_total"] > 0 and values["slipstream_timed_steps_total"] == 0
+        assert "slipstream_gpu_idle_per_step_seconds_count" not in metric_values(url)
     finally:
         stop_server(proc)

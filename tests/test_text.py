@@ -151,3 +151,12 @@ def test_other_decoders_take_the_window_path():
     assert tok.token_bytes is None
     detok = IncrementalDetokenizer(tok)
     assert "".join(detok.push(t) for t in (0, 1)) + detok.flush() == tok.decode([0, 1]) == "hello world"
+
+
+@pytest.mark.parametrize("build", ["random", "trained"])
+def test_no_text_encodes_to_fewer_tokens_than_its_bytes_over_max_token_bytes(build, tiny_tokenizer):
+    """The server refuses a prompt on its size alone by this bound, before tokenizing it."""
+    tok = Tokenizer(build_tokenizer(600) if build == "random" else tiny_tokenizer)
+    longest = max(tok.token_bytes, key=len)
+    for text in (TEXT, longest.decode("utf-8", "replace") * 50, "<|im_end|>" * 20, " " * 500):
+        assert len(tok.encode(text, add_special_tokens=False)) >= len(text.encode()) / tok.max_token_bytes

@@ -60,8 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--mode", default="pipelined", choices=["pipelined", "blocking"])
     v.add_argument("--device", default=None)
     v.add_argument("--dtype", default="auto")
+    v.add_argument("--tokenizer", default=None, help="a tokenizer.json (Moondream 2 ships none)")
     v.add_argument("--max-num-seqs", type=int, default=256)
     v.add_argument("--max-model-len", type=int, default=None)
+    v.add_argument("--max-prefill-tokens", type=int, default=None, help="the per-step token budget")
+    v.add_argument("--max-prefill-chunk", type=int, default=None, help="prompt tokens a step carries beside decode rows")
+    v.add_argument("--no-cuda-graphs", action="store_true", help="run every step eagerly")
+    v.add_argument("--no-step-timing", action="store_true",
+                   help="leave out the GPU busy/idle counters of /metrics (two CUDA events a step)")
     v.add_argument("--max-in-flight", type=int, default=4096,
                    help="requests served at once; one more gets 429 with Retry-After")
 
@@ -210,9 +216,11 @@ def _serve(args) -> int:
     from .server.app import build_app
     from .server.client import EngineClient
 
-    options = {"mode": args.mode, "device": args.device, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs}
-    if args.max_model_len is not None:
-        options["max_model_len"] = args.max_model_len
+    options = {"mode": args.mode, "device": args.device, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
+               "step_timing": not args.no_step_timing, "cuda_graphs": not args.no_cuda_graphs}
+    for name in ("tokenizer", "max_model_len", "max_prefill_tokens", "max_prefill_chunk"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
     app = build_app(EngineClient(args.model, options), args.api_key, args.max_in_flight)
     logging.getLogger("slipstream").info("loading %s in the engine process; serving on http://%s:%d/v1",
                                          args.model or "the embedded model", args.host, args.port)

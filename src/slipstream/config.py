@@ -59,6 +59,8 @@ class EngineConfig:
     # requests' inter-token latency while prompts arrive (steps with nothing decoding use the whole budget)
     cpu_kv_bytes: int = 1 << 30
     cuda_graphs: bool = True
+    step_timing: bool = False  # GPU busy and idle time per step in stats() (profiler.StepClock; the server's
+    # /metrics): two timing events a step
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

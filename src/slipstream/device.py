@@ -6,6 +6,7 @@ poisons a landing buffer when its slot is released: code that reads a landing bu
 waiting, or after release, reads POISON."""
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -51,6 +52,10 @@ class HostLanding:
             self.host.fill_(POISON)
 
 
+class _HostStamp:
+    time = 0.0
+
+
 class DeviceLayer:
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -83,6 +88,21 @@ class DeviceLayer:
 
     def event(self) -> object:
         return torch.cuda.Event() if self.is_cuda else None
+
+    def timing_event(self) -> object:
+        """An event that stamps the time it passes: a timing CUDA event, or on the CPU a host stamp."""
+        return torch.cuda.Event(enable_timing=True) if self.is_cuda else _HostStamp()
+
+    def record_timing(self, event: object) -> None:
+        if self.is_cuda:
+            event.record(self.compute_stream)
+        else:
+            event.time = time.perf_counter()
+
+    def elapsed_ms(self, start: object, end: object) -> float:
+        """Milliseconds between two timing events that have both passed (a CUDA event not yet
+        passed raises rather than waits)."""
+        return start.elapsed_time(end) if self.is_cuda else (end.time - start.time) * 1e3
 
     def record(self, event: object) -> None:
         """Record `event` on the compute stream."""

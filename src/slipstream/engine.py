@@ -20,6 +20,7 @@ from .device import DeviceLayer
 from .kv_cache import KVCache, PagePool
 from .models.loader import build_model, load_checkpoint
 from .models.moondream.api import MoondreamAPI
+from .profiler import StepClock
 from .runner import ModelRunner
 from .sampling import SamplingParams, TokenConstraint
 from .scheduler import ImagePrefix, Scheduler, Sequence
@@ -82,6 +83,8 @@ class EngineCore:
         pages_per_seq = self.pool.pages_for(self.max_model_len + 1)
         self.runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, cfg.step_tokens, pages_per_seq,
                                   cfg.cuda_graphs, heads)
+        if cfg.step_timing:
+            self.runner.clock = StepClock(self.layer)
         self.scheduler = Scheduler(self.runner, self.pool, cfg.depth, cfg.max_num_seqs, cfg.step_tokens,
                                    cfg.max_prefill_chunk, on_finish)
         self._ids = itertools.count()
@@ -179,13 +182,21 @@ class EngineCore:
             metrics=RequestMetrics(ttft=None if first is None else first - seq.arrival,
                                    decode_seconds=0.0 if first is None else seq.finish_time - first))
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         sched = self.scheduler
         return {"kv_pages_total": self.pool.total, "kv_pages_free": self.pool.num_free,
                 "running": len(sched.running), "waiting": len(sched.waiting),
                 "steps": sum(sched.steps.values()), "prefill_steps": sched.steps["prefill"],
                 "decode_steps": sched.steps["decode"], "cuda_graphs": len(self.runner.graphs or ()),
-                "graph_memory_bytes": self.runner.graphs.memory_bytes if self.runner.graphs else 0}
+                "graph_memory_bytes": self.runner.graphs.memory_bytes if self.runner.graphs else 0,
+                **self._clock_stats()}
+
+    def _clock_stats(self) -> dict[str, Any]:
+        clock = self.runner.clock
+        if clock is None:
+            return {}
+        return {"timed_steps": clock.steps, "gpu_busy_seconds": clock.busy_seconds,
+                "gpu_idle_seconds": clock.idle_seconds, "gpu_idle_counts": list(clock.idle_counts)}
 
 
 class LLM(MoondreamAPI):
@@ -217,7 +228,14 @@ class LLM(MoondreamAPI):
         the request is aborted and its result raises that error. With `on_finish(output, error)`
         (called once, on the loop thread, when the request ends or the engine dies) the result is
         handed there and not kept for `result()`."""
-        seq = self.core.make_sequence(prompt, params, on_token)
+        return self.enqueue(self.core.make_sequence(prompt, params, on_token), on_finish)
+
+    def enqueue(self, seq: Sequence,
+                on_finish: Callable[[RequestOutput | None, BaseException | None], None] | None = None) -> int:
+        """Queue a sequence built by `core.make_sequence` or `skill_sequence` (already validated);
+        `on_finish` as in `submit`. Its `on_token` hook, `(sequence, text_delta)`, runs on the loop
+        thread (or the commit worker) after each committed token and may read the sequence's
+        `output_ids` and `logprobs` there: the server ships them from it."""
         return self._enqueue([(seq, _Pending(on_finish=on_finish))])[0]
 
     def submit_many(self, prompts: Seq[str | list[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
@@ -305,7 +323,7 @@ class LLM(MoondreamAPI):
             prompts = [prompts]
         return [self.result(rid) for rid in self.submit_many(prompts, params)]
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         with self._cv:
             stats = self.core.stats()
             stats["waiting"] += sum(1 for kind, _ in self._inbox if kind == "add")
@@ -347,6 +365,8 @@ class LLM(MoondreamAPI):
             sched = self.core.scheduler
             while True:
                 with self._cv:
+                    if not self._inbox and not sched.has_work() and self.core.runner.clock is not None:
+                        self.core.runner.clock.pause()
                     while not self._inbox and not sched.has_work() and not self._stopping:
                         self._cv.wait()
                     if self._stopping:

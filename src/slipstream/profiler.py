@@ -1,10 +1,12 @@
 """The bubble profiler: per-step GPU timestamps from CUDA events on the compute stream (forward
-start, forward end, sampling end) and CPU time per scheduler tick, for `slipstream bench --profile`.
+start, forward end, sampling end) and CPU time per scheduler tick, for `slipstream bench --profile`;
+and `StepClock`, its always-on counterpart for a server's /metrics (busy and idle time per step).
 
 GPU idle between steps is the gap on the compute stream from one step's sampling end to the next
 step's forward start — read from the device timeline, never inferred from wall time."""
 from __future__ import annotations
 
+import bisect
 import time
 from pathlib import Path
 
@@ -16,6 +18,50 @@ import torch
 # on the commit worker, beside the mask fill, when a constrained step waits for its masks); the
 # constrained rows' bitmask fill; queueing sampling (the bitmask upload included)
 HOST_PHASES = ("launch", "commit", "text", "mask_fill", "sampling")
+
+
+# upper bounds (seconds) of the buckets of GPU idle per step that StepClock counts
+IDLE_BUCKETS = (2e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
+
+
+class StepClock:
+    """GPU busy and idle time per step, cheap enough to leave on (EngineConfig.step_timing): two
+    timing events a step, in a ring, read when the step commits — by then both have passed (its
+    tokens' copy waited on an event recorded after them), so reading them never waits. A step's
+    idle time is the gap from the previous step's end to its start, counted only when the loop had
+    work all along between them (`pause` marks where it ran out, so waiting for traffic is not idle).
+    On the CPU stand-in the stamps are host times: the forward ran when it was queued."""
+
+    RING = 4  # steps whose stamps are kept (two in flight, and the one before them)
+
+    def __init__(self, layer) -> None:
+        self.layer = layer
+        self.stamps = [(layer.timing_event(), layer.timing_event()) for _ in range(self.RING)]
+        self.busy_seconds = 0.0
+        self.idle_seconds = 0.0
+        self.steps = 0
+        self.idle_counts = [0] * (len(IDLE_BUCKETS) + 1)  # per bucket of IDLE_BUCKETS, then the rest
+        self._previous: int | None = None  # index of the last step committed, while the loop had work
+
+    def started(self, step) -> None:
+        self.layer.record_timing(self.stamps[step.index % self.RING][0])
+
+    def ended(self, step) -> None:
+        self.layer.record_timing(self.stamps[step.index % self.RING][1])
+
+    def committed(self, step) -> None:
+        start, end = self.stamps[step.index % self.RING]
+        self.busy_seconds += self.layer.elapsed_ms(start, end) / 1e3
+        self.steps += 1
+        if self._previous == step.index - 1:
+            idle = max(0.0, self.layer.elapsed_ms(self.stamps[self._previous % self.RING][1], start) / 1e3)
+            self.idle_seconds += idle
+            self.idle_counts[bisect.bisect_left(IDLE_BUCKETS, idle)] += 1
+        self._previous = step.index
+
+    def pause(self) -> None:
+        """The loop ran out of work: the gap before the next step is not the engine's."""
+        self._previous = None
 
 
 class StepProfiler:

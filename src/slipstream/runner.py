@@ -113,6 +113,7 @@ class ModelRunner:
         self.ones = torch.ones(max_num_seqs, dtype=torch.int32, device=layer.device)
         self.max_pages_per_seq = max_pages_per_seq
         self.profiler = None  # a StepProfiler while `bench --profile` measures
+        self.clock = None  # a StepClock where EngineConfig.step_timing asks for one
         self.graphs = None
         if cuda_graphs and layer.is_cuda:
             from .cuda_graphs import StepGraphs
@@ -186,6 +187,8 @@ class ModelRunner:
                       and not (flags.any_random or flags.any_penalty or flags.any_skill) and flags.logprobs is None)
         if self.profiler is not None:
             self.profiler.mark(step, 0)
+        if self.clock is not None:
+            self.clock.started(step)
         # (the slot's previous step has committed, so nothing queued still reads its metadata)
         self.layer.upload_ahead(slot.meta_dev, slot.meta_host, slot.uploaded_event)
         if step.kind == "prefill":
@@ -383,6 +386,8 @@ class ModelRunner:
                 self.graphs.replay_sampling(slot.index, rows, variant)
             else:
                 self.sample_rows(slot, rows, masked, flags, slot.logits)
+        if self.clock is not None:  # (before sampled_event: the commit's wait then covers it)
+            self.clock.ended(step)
         self.layer.record(slot.sampled_event)
         if self.profiler is not None:
             self.profiler.mark(step, 2)

@@ -303,6 +303,8 @@ class Scheduler:
         now = time.perf_counter()
         self.waited += now - before
         self.commit_log.append((step.kind, now))
+        if self.runner.clock is not None:
+            self.runner.clock.committed(step)
         for i, (seq, tok) in enumerate(zip(step.sampled, tokens)):
             if not seq.finalized:
                 seq.output_ids.append(tok)

@@ -50,6 +50,19 @@ class Tokenizer:
                 table[i] = b"".join(bytes([to_byte[c]]) if c in to_byte else c.encode() for c in token)
         return table
 
+    @cached_property
+    def max_token_bytes(self) -> int:
+        """The most bytes of text one token can stand for: a text of B bytes encodes to at least
+        B / this many tokens (exactly so for byte-level BPE; a normalizer could shrink text first,
+        so with one the bound is loosened fourfold)."""
+        table = self.token_bytes
+        if table is not None:  # (special tokens are matched in text by their content)
+            added = self.fast.get_added_tokens_decoder().values()
+            longest = max([len(b) for b in table] + [len(t.content.encode()) for t in added])
+        else:
+            longest = max(len(t.encode()) for t in self.fast.get_vocab(with_added_tokens=True))
+        return max(1, longest) * (4 if self.fast.normalizer is not None else 1)
+
     @classmethod
     def from_dir(cls, path: Path) -> "Tokenizer":
         file = path / "tokenizer.json"

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import safe_open
+from tqdm import tqdm
 
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
@@ -89,7 +90,7 @@ def build_model(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight")
     state = {}
-    for name, meta in expected.items():
+    for name, meta in _progress(expected.items(), f"placing weights on {device}", len(expected)):
         if name not in ckpt.tensors:
             raise ValueError(f"{ckpt.source}: tensor {name!r} is missing from the checkpoint")
         t = ckpt.tensors[name]
@@ -102,6 +103,11 @@ def build_model(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_
     model.tie_weights()
     model.fuse()
     return model.eval().requires_grad_(False)
+
+
+def _progress(items, desc: str, total: int | None = None):
+    """A progress bar over the tensors of a load, on a terminal only (tqdm's disable=None)."""
+    return tqdm(items, desc=desc, total=total, unit="tensor", leave=False, disable=None)
 
 
 def _read_json(file: Path) -> dict[str, Any]:
@@ -133,7 +139,7 @@ def _load_hf_dir(path: Path, tokenizer: str | Path | None) -> Checkpoint:
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as st:
-                for name in st.keys():
+                for name in _progress(st.keys(), f"reading {f.name}"):
                     tensors[name] = st.get_tensor(name)
                     origin[name] = str(f)
         except Exception as e:
@@ -224,7 +230,7 @@ def _load_gguf(path: Path) -> Checkpoint:
     )
     config.validate(str(path))
     tensors, origin = {}, {}
-    for t in reader.tensors:
+    for t in _progress(reader.tensors, f"reading {path.name}"):
         name = _hf_name(t.name)
         if name is None:
             continue

@@ -15,7 +15,7 @@ import zmq
 import zmq.asyncio
 
 from .engine_process import run_engine
-from .protocol import Abort, Delta, FromEngine, Generate, Ready, Stats
+from .protocol import Abort, Delta, FromEngine, Generate, Ready, Skill, Stats
 
 
 class EngineDead(RuntimeError):
@@ -61,27 +61,34 @@ class EngineClient:
         self._router = asyncio.create_task(self._route())
         self._watch = asyncio.create_task(self._watch_process())
 
-    async def generate(self, params: dict[str, Any], prompt: str | list[int] | None = None,
-                       messages: list[dict] | None = None) -> AsyncIterator[Delta]:
-        """The request's deltas; leaving early (a client gone) aborts it in the engine."""
+    async def request(self, message: Generate | Skill, choices: int = 1) -> AsyncIterator[list[Delta]]:
+        """The request's deltas, in batches of what arrived since the last (so a response writer
+        that falls behind sends fewer, larger chunks instead of a growing backlog), until each of its
+        `choices` has ended or one failed. Leaving early (a client gone), or a failure while other
+        choices run, aborts it in the engine."""
         if self.dead is not None:
             raise EngineDead(self.dead)
-        request_id = uuid.uuid4().hex
         deltas: asyncio.Queue[Delta] = asyncio.Queue()
-        self._queues[request_id] = deltas
-        finished = False
+        self._queues[message.id] = deltas
+        left = choices
         try:
-            await self._requests.send(self._encoder.encode(Generate(request_id, prompt, messages, params)))
-            while True:
-                delta = await deltas.get()
-                yield delta
-                if delta.finish_reason is not None:
-                    finished = True
-                    return
+            await self._requests.send(self._encoder.encode(message))
+            while left:
+                batch = [await deltas.get()]
+                while not deltas.empty():
+                    batch.append(deltas.get_nowait())
+                yield batch
+                for delta in batch:
+                    if delta.invalid:  # (refused before anything was queued)
+                        left = 0
+                    elif delta.error is not None:
+                        return
+                    elif delta.finish_reason is not None:
+                        left -= 1
         finally:
-            self._queues.pop(request_id, None)
-            if not finished and self.dead is None:
-                await self._requests.send(self._encoder.encode(Abort(request_id)))
+            self._queues.pop(message.id, None)
+            if left and self.dead is None:
+                await self._requests.send(self._encoder.encode(Abort(message.id)))
 
     @property
     def in_flight(self) -> int:

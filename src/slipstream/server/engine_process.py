@@ -1,23 +1,26 @@
 """The engine process: the LLM and its loop thread, fed over ZMQ by the API process.
 
-Its main thread receives `Generate` / `Abort`, validates and tokenizes (chat templates included)
-and submits: that work stays off the loop thread. Text is detokenized where the engine already
-does it, at commit (text.py), so the stop strings are decided there and only new text travels;
-`on_token` and `on_finish` only append to an outbox, which a sender thread drains and ships in
-batches, one message per batch however many requests moved."""
+Its main thread receives `Generate` / `Skill` / `Abort`, validates, tokenizes (chat templates
+included), compiles grammars and decodes images, then queues the sequences: that work stays off
+the loop thread. Text is detokenized where the engine already does it, at commit (text.py), so
+the stop strings are decided there and only new text travels; the per-token hooks and `on_finish`
+only append to an outbox, which a sender thread drains and ships in batches, one message per
+batch however many requests moved."""
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import zmq
 
 from ..engine import LLM, RequestOutput
 from ..sampling import SamplingParams
-from .protocol import Abort, Delta, Generate, Ready, Stats, ToEngine
+from ..scheduler import Sequence
+from .protocol import Abort, Delta, Generate, Ready, Skill, Stats, TokenLogprob, ToEngine
 
 
 def run_engine(model: str | None, options: dict[str, Any], requests_addr: str, outputs_addr: str) -> None:
@@ -27,86 +30,168 @@ def run_engine(model: str | None, options: dict[str, Any], requests_addr: str, o
     outputs.connect(outputs_addr)
     encoder = msgspec.msgpack.Encoder()
     llm = LLM(model, **options)
-    outputs.send(encoder.encode(Ready(model=model or "SmolLM2-135M-Instruct", max_model_len=llm.core.max_model_len)))
+    outputs.send(encoder.encode(Ready(model=model or "SmolLM2-135M-Instruct", max_model_len=llm.core.max_model_len,
+                                      max_prompt_bytes=llm.core.max_model_len * llm.tokenizer.max_token_bytes,
+                                      moondream=llm.core.moondream is not None)))
     outbox: queue.SimpleQueue[Delta] = queue.SimpleQueue()
     threading.Thread(target=_send_batches, args=(llm, outbox, outputs, encoder), daemon=True).start()
     requests = ctx.socket(zmq.PULL)
     requests.connect(requests_addr)
     decoder = msgspec.msgpack.Decoder(ToEngine)
-    running = _Running()
+    server = _Server(llm, outbox)
     while True:
-        message = decoder.decode(requests.recv())
+        server.handle(decoder.decode(requests.recv()))
+
+
+class _Server:
+    """Turns messages into queued sequences and their callbacks into deltas in the outbox."""
+
+    def __init__(self, llm: LLM, outbox: queue.SimpleQueue) -> None:
+        self.llm, self.outbox = llm, outbox
+        self.running = _Running()
+        self.pieces = _TokenPieces(llm)
+
+    def handle(self, message: Generate | Skill | Abort) -> None:
         if isinstance(message, Abort):
-            rid = running.engine_id(message.id)
-            if rid is not None:
-                llm.abort(rid)
-            continue
+            for engine_id in self.running.engine_ids(message.id):
+                self.llm.abort(engine_id)
+            return
         try:
-            running.started(message.id, _submit(llm, message, outbox, running))
+            if isinstance(message, Generate):
+                seqs = self._generate(message)
+            else:
+                seqs = [self.llm.skill_sequence(message.image, message.skill, message.argument, message.settings)]
         except (ValueError, TypeError) as e:
-            outbox.put(Delta(message.id, finish_reason="error", error=str(e), invalid=True))
+            self.outbox.put(Delta(message.id, finish_reason="error", error=str(e), invalid=True))
+            return
+        queued = []
+        for index, seq in enumerate(seqs):
+            ship = self.pieces.shipper()
+            seq.on_token = self._on_token(message.id, index, ship)
+            queued.append((seq, self._on_finish(message.id, index, seq, ship)))
+        try:
+            self.running.start(message.id, lambda: [self.llm.enqueue(seq, done) for seq, done in queued])
+        except RuntimeError as e:  # the loop died: its death fails what was queued, and this request
+            self.outbox.put(Delta(message.id, finish_reason="error", error=str(e)))
+
+    def _generate(self, message: Generate) -> list[Sequence]:
+        """The request's n sequences, validated and tokenized once; each choice's seed is offset by
+        its index where a seed is given (as vLLM does), so the choices differ."""
+        params = SamplingParams(**message.params)
+        if message.messages is not None:
+            prompt: str | list[int] = self.llm.core.render_chat(message.messages)
+        elif message.prompt is not None:
+            prompt = message.prompt
+        else:
+            raise ValueError("a request needs a prompt or messages")
+        first = self.llm.core.make_sequence(prompt, params, None)
+        return [first] + [self.llm.core.make_sequence(first.prompt_ids, params if params.seed is None
+                                                      else dataclasses.replace(params, seed=params.seed + i), None)
+                          for i in range(1, message.n)]
+
+    def _on_token(self, request_id: str, index: int, ship: "_Shipper") -> Callable[[Sequence, str], None]:
+        def on_token(seq: Sequence, delta: str) -> None:
+            logprobs = ship(seq.output_ids, seq.logprobs, seq.params.logprobs)
+            if delta or logprobs:
+                self.outbox.put(Delta(request_id, index, delta, len(seq.output_ids), logprobs=logprobs))
+
+        return on_token
+
+    def _on_finish(self, request_id: str, index: int, seq: Sequence,
+                   ship: "_Shipper") -> Callable[[RequestOutput | None, BaseException | None], None]:
+        """(Usage counts an image's prefix positions among the prompt's tokens, as vLLM does.)"""
+        def on_finish(out: RequestOutput | None, error: BaseException | None) -> None:
+            self.running.ended(request_id)
+            if error is not None or out is None:
+                self.outbox.put(Delta(request_id, index, finish_reason="error", error=repr(error)))
+                return
+            self.outbox.put(Delta(request_id, index, completion_tokens=len(out.token_ids),
+                                  finish_reason=out.finish_reason, prompt_tokens=len(seq.prompt_ids),
+                                  logprobs=ship(out.token_ids, out.logprobs or [], seq.params.logprobs),
+                                  objects=out.objects))
+
+        return on_finish
 
 
 class _Running:
-    """Request id -> engine id while a request runs. Its end (on the loop thread) may come before
-    its start is recorded (on this thread): the lock orders the two."""
+    """Request id -> its sequences' engine ids while any runs. A sequence may end (on the loop
+    thread) before all of its request's sequences are queued (on this thread): the lock orders the
+    two, and the request is forgotten when its last sequence ends."""
 
     def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
-        self._ended: set[str] = set()
+        self._ids: dict[str, list[int]] = {}
+        self._ended: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def started(self, request_id: str, engine_id: int) -> None:
+    def start(self, request_id: str, enqueue: Callable[[], list[int]]) -> None:
         with self._lock:
-            if request_id in self._ended:
-                self._ended.discard(request_id)
-            else:
-                self._ids[request_id] = engine_id
+            self._ended[request_id] = 0
+            try:
+                self._ids[request_id] = enqueue()
+            except BaseException:
+                del self._ended[request_id]
+                raise
 
     def ended(self, request_id: str) -> None:
         with self._lock:
-            if self._ids.pop(request_id, None) is None:
-                self._ended.add(request_id)
+            if request_id in self._ended:
+                self._ended[request_id] += 1
+                if self._ended[request_id] == len(self._ids.get(request_id, ())):
+                    del self._ended[request_id], self._ids[request_id]
 
-    def engine_id(self, request_id: str) -> int | None:
+    def engine_ids(self, request_id: str) -> list[int]:
         with self._lock:
-            return self._ids.get(request_id)
+            return list(self._ids.get(request_id, ()))
 
 
-def _submit(llm: LLM, message: Generate, outbox: queue.SimpleQueue, running: _Running) -> int:
-    params = SamplingParams(**message.params)
-    if message.messages is not None:
-        prompt: str | list[int] = llm.core.render_chat(message.messages)
-    elif message.prompt is not None:
-        prompt = message.prompt
-    else:
-        raise ValueError("a request needs a prompt or messages")
-    request_id = message.id
+_Shipper = Callable[[list[int], list[dict[int, float]], "int | None"], "list[TokenLogprob] | None"]
 
-    def on_token(_rid: int, n: int, delta: str) -> None:
-        if delta:
-            outbox.put(Delta(request_id, delta, n))
 
-    def on_finish(out: RequestOutput | None, error: BaseException | None) -> None:
-        running.ended(request_id)
-        if error is not None or out is None:
-            outbox.put(Delta(request_id, finish_reason="error", error=repr(error)))
-        else:
-            outbox.put(Delta(request_id, completion_tokens=len(out.token_ids), finish_reason=out.finish_reason,
-                             prompt_tokens=len(out.prompt_token_ids)))
+class _TokenPieces:
+    """Token ids -> their bytes, for logprobs (special tokens by their content)."""
 
-    return llm.submit(prompt, params, on_token, on_finish)
+    def __init__(self, llm: LLM) -> None:
+        self.table = llm.tokenizer.token_bytes
+        self.fast = llm.tokenizer.fast
+        self._cache: dict[int, bytes] = {}
+
+    def __call__(self, token: int) -> bytes:
+        piece = self._cache.get(token)
+        if piece is None:
+            piece = self.table[token] if self.table is not None and token < len(self.table) else b""
+            if not piece:
+                piece = (self.fast.id_to_token(token) or "").encode() if self.table is not None else \
+                    self.fast.decode([token], skip_special_tokens=False).encode()
+            self._cache[token] = piece
+        return piece
+
+    def shipper(self) -> _Shipper:
+        """A choice's logprobs not yet shipped, each call from where the last one stopped (its
+        callbacks run one at a time, in token order: scheduler invariant 5)."""
+        done = 0
+
+        def ship(token_ids: list[int], entries: list[dict[int, float]], n: int | None) -> list[TokenLogprob] | None:
+            nonlocal done
+            if n is None or done >= len(entries):
+                return None
+            out = [TokenLogprob(self(tok), entry[tok], [(self(t), lp) for t, lp in list(entry.items())[:n]])
+                   for tok, entry in zip(token_ids[done:], entries[done:])]
+            done = len(entries)
+            return out
+
+        return ship
 
 
 def _send_batches(llm: LLM, outbox: queue.SimpleQueue, socket: zmq.Socket, encoder: msgspec.msgpack.Encoder,
                   stats_every: float = 0.5) -> None:
     """The one thread that sends: batches of deltas as they come, the engine's stats between them."""
     next_stats = time.monotonic()
+    fields = Stats.__struct_fields__
     while True:
         now = time.monotonic()
         if now >= next_stats:
             stats = llm.stats()
-            socket.send(encoder.encode(Stats(**{k: stats[k] for k in Stats.__struct_fields__})))
+            socket.send(encoder.encode(Stats(**{k: stats[k] for k in fields if k in stats})))
             next_stats = now + stats_every
         try:
             batch = [outbox.get(timeout=max(0.0, next_stats - now))]

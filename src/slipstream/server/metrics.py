@@ -1,13 +1,16 @@
 """`GET /metrics` in Prometheus's text format: requests by finish reason, TTFT / ITL / end-to-end
-latency histograms as the API process sees them, and the engine's gauges (requests running and
-waiting, KV pages in use, steps) from the stats it sends twice a second."""
+latency histograms as the API process sees them, and the engine's own figures from the stats it
+sends twice a second: requests running and waiting, KV pages, steps, and (step timing on) GPU busy
+and idle time over the steps and idle per step, read from CUDA events on the compute stream."""
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from ..profiler import IDLE_BUCKETS
 from .client import EngineClient
 from .protocol import Delta
 
@@ -26,46 +29,71 @@ class ServerMetrics:
                              "its tokens)", registry=r, buckets=LATENCY_BUCKETS)
         self.e2e = Histogram("slipstream_e2e_request_latency_seconds", "Arrival to the last token", registry=r,
                              buckets=LATENCY_BUCKETS)
-        self.gauges = {name: Gauge(f"slipstream_{name}", help_, registry=r) for name, help_ in (
-            ("requests_running", "Requests holding a row in the engine"),
-            ("requests_waiting", "Requests queued in the engine"),
-            ("requests_in_flight", "Requests the API process is serving"),
-            ("kv_pages_in_use", "KV cache pages held"),
-            ("kv_pages_total", "KV cache pages"),
-            ("prefill_steps", "Prefill steps run so far"),
-            ("decode_steps", "Decode steps run so far"))}
+        self.in_flight = Gauge("slipstream_requests_in_flight", "Requests the API process is serving", registry=r)
+        r.register(_EngineCollector(engine))
 
     def render(self) -> bytes:
-        stats, g = self.engine.stats, self.gauges
-        g["requests_in_flight"].set(self.engine.in_flight)
-        if stats is not None:
-            g["requests_running"].set(stats.running)
-            g["requests_waiting"].set(stats.waiting)
-            g["kv_pages_in_use"].set(stats.kv_pages_total - stats.kv_pages_free)
-            g["kv_pages_total"].set(stats.kv_pages_total)
-            g["prefill_steps"].set(stats.prefill_steps)
-            g["decode_steps"].set(stats.decode_steps)
+        self.in_flight.set(self.engine.in_flight)
         return generate_latest(self.registry)
 
-    async def observe(self, deltas: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
-        """The request's deltas, timed on their way through."""
-        start = last = time.perf_counter()
-        tokens, reason = 0, "client_gone"
+    async def observe(self, batches: AsyncIterator[list[Delta]]) -> AsyncIterator[list[Delta]]:
+        """The request's batches of deltas, timed on their way through (each choice's tokens apart)."""
+        start = time.perf_counter()
+        tokens: dict[int, tuple[int, float]] = {}  # choice -> (tokens so far, time of the last)
+        reason = "client_gone"
         try:
-            async for delta in deltas:
+            async for batch in batches:
                 now = time.perf_counter()
-                if delta.completion_tokens > tokens:
-                    if tokens == 0:
-                        self.ttft.observe(now - start)
-                    else:
-                        per_token = (now - last) / (delta.completion_tokens - tokens)
-                        for _ in range(delta.completion_tokens - tokens):
-                            self.itl.observe(per_token)
-                    tokens, last = delta.completion_tokens, now
-                if delta.finish_reason is not None:
-                    reason = delta.finish_reason
-                    self.e2e.observe(now - start)
-                yield delta
+                for delta in batch:
+                    seen, last = tokens.get(delta.index, (0, start))
+                    if delta.completion_tokens > seen:
+                        if not tokens:
+                            self.ttft.observe(now - start)
+                        elif seen:
+                            per_token = (now - last) / (delta.completion_tokens - seen)
+                            for _ in range(delta.completion_tokens - seen):
+                                self.itl.observe(per_token)
+                        tokens[delta.index] = (delta.completion_tokens, now)
+                    if delta.error is not None:
+                        reason = "error"
+                    elif delta.finish_reason is not None:
+                        reason = delta.finish_reason
+                yield batch
+            if reason != "client_gone":
+                self.e2e.observe(time.perf_counter() - start)
         finally:
             self.requests.labels(reason).inc()
-            await deltas.aclose()
+            await batches.aclose()
+
+
+class _EngineCollector:
+    """The engine's latest stats, as Prometheus metrics at each scrape."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.engine.stats
+        if s is None:
+            return
+        for name, help_, value in (("requests_running", "Requests holding a row in the engine", s.running),
+                                   ("requests_waiting", "Requests queued in the engine", s.waiting),
+                                   ("kv_pages_in_use", "KV cache pages held", s.kv_pages_total - s.kv_pages_free),
+                                   ("kv_pages_total", "KV cache pages", s.kv_pages_total)):
+            yield GaugeMetricFamily(f"slipstream_{name}", help_, value=value)
+        for name, help_, value in (("prefill_steps", "Steps with prompt tokens run", s.prefill_steps),
+                                   ("decode_steps", "Decode-only steps run", s.decode_steps),
+                                   ("timed_steps", "Steps whose GPU time is counted (step timing on)", s.timed_steps),
+                                   ("gpu_busy_seconds", "GPU time from steps' first kernels to their last",
+                                    s.gpu_busy_seconds),
+                                   ("gpu_idle_seconds", "GPU idle between consecutive steps while the engine had "
+                                    "work", s.gpu_idle_seconds)):
+            yield CounterMetricFamily(f"slipstream_{name}", help_, value=value)
+        if s.gpu_idle_counts:
+            cumulative, buckets = 0, []
+            for bound, count in zip((*map(str, IDLE_BUCKETS), "+Inf"), s.gpu_idle_counts):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            yield HistogramMetricFamily("slipstream_gpu_idle_per_step_seconds", "GPU idle before a step, after the "
+                                        "one before it, while the engine had work", buckets=buckets,
+                                        sum_value=s.gpu_idle_seconds)

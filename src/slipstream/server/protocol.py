@@ -1,8 +1,9 @@
 """Messages between the API process and the engine process (msgpack, typed by msgspec).
 
-API -> engine: `Generate` (a prompt or chat messages and the sampling fields), `Abort`.
-Engine -> API: batches of `Delta` (a request's new text; the last one carries its finish reason,
-token counts or an error), one `Ready` when the model is loaded, and `Stats` twice a second."""
+API -> engine: `Generate` (a prompt or chat messages, the sampling fields, n choices), `Skill` (a
+Moondream 2 skill on an image), `Abort`. Engine -> API: batches of `Delta` (a choice's new text and
+its tokens' logprobs; a choice's last delta carries its finish reason, token counts, points or
+boxes, or an error), one `Ready` when the model is loaded, and `Stats` twice a second."""
 from __future__ import annotations
 
 import msgspec
@@ -13,18 +14,37 @@ class Generate(msgspec.Struct, tag=True):
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
     params: dict = {}
+    n: int = 1  # choices: n sequences on the one prompt, seeds seed, seed + 1, ... where a seed is given
+
+
+class Skill(msgspec.Struct, tag=True):
+    id: str
+    skill: str  # caption | query | point | detect
+    image: bytes  # the encoded image (decoded and tiled in the engine process, off its loop thread)
+    argument: str  # caption's length, query's question, point's and detect's object
+    settings: dict = {}
 
 
 class Abort(msgspec.Struct, tag=True):
     id: str
 
 
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """One generated token: its bytes, its logprob, and the top alternatives (bytes, logprob)."""
+    token: bytes
+    logprob: float
+    top: list[tuple[bytes, float]]
+
+
 class Delta(msgspec.Struct, tag=True):
     id: str
+    index: int = 0  # the choice
     text: str = ""
-    completion_tokens: int = 0
-    finish_reason: str | None = None  # set on a request's last delta
+    completion_tokens: int = 0  # the choice's tokens so far
+    finish_reason: str | None = None  # set on a choice's last delta
     prompt_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # the tokens committed since the choice's last delta
+    objects: list[dict] | None = None  # point / detect: the points or boxes
     error: str | None = None  # the request failed: `invalid` says whether its input was at fault
     invalid: bool = False
 
@@ -32,17 +52,44 @@ class Delta(msgspec.Struct, tag=True):
 class Ready(msgspec.Struct, tag=True):
     model: str
     max_model_len: int
+    max_prompt_bytes: int  # longer prompt text cannot fit the context (tokens cover at most this many bytes)
+    moondream: bool = False
 
 
 class Stats(msgspec.Struct, tag=True):
-    """LLM.stats() of the engine: KV pages, requests running and waiting, steps so far."""
+    """LLM.stats() of the engine: KV pages, requests running and waiting, steps so far, and with
+    step timing on, GPU busy and idle seconds over the timed steps and idle per step by bucket
+    (profiler.IDLE_BUCKETS)."""
     kv_pages_total: int
     kv_pages_free: int
     running: int
     waiting: int
     prefill_steps: int
     decode_steps: int
+    timed_steps: int = 0
+    gpu_busy_seconds: float = 0.0
+    gpu_idle_seconds: float = 0.0
+    gpu_idle_counts: list[int] = []
 
 
-ToEngine = Generate | Abort
+ToEngine = Generate | Skill | Abort
 FromEngine = list[Delta] | Ready | Stats
+
+
+def merge(batch: list[Delta]) -> list[Delta]:
+    """A batch of deltas as one per choice (in order of first appearance): texts and logprobs
+    joined, the last token count, and the end (finish reason, counts, objects, error) where one came."""
+    merged: dict[int, Delta] = {}
+    for d in batch:
+        m = merged.get(d.index)
+        if m is None:
+            merged[d.index] = msgspec.structs.replace(d, logprobs=list(d.logprobs) if d.logprobs else None)
+            continue
+        m.text += d.text
+        m.completion_tokens = max(m.completion_tokens, d.completion_tokens)
+        if d.logprobs:
+            m.logprobs = (m.logprobs or []) + d.logprobs
+        if d.finish_reason is not None or d.error is not None:
+            m.finish_reason, m.prompt_tokens, m.objects = d.finish_reason, d.prompt_tokens, d.objects
+            m.error, m.invalid = d.error, d.invalid
+    return list(merged.values())

@@ -9,7 +9,7 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from ...sampling import SamplingParams
-from ...scheduler import ImagePrefix
+from ...scheduler import ImagePrefix, Sequence
 from .config import PREFIX_LEN
 from .image import load_image, prepare_image
 from .skills import Skill, SpatialSkill, caption_prompt, object_prompt, query_prompt, settings_dict
@@ -73,49 +73,47 @@ class MoondreamAPI:
 
     def caption(self, image: Any, length: str = "normal", stream: bool = False,
                 settings: dict[str, Any] | None = None) -> dict[str, str | Iterator[str]]:
-        cfg = self._moondream()
-        prompt = caption_prompt(cfg.tokenizer, length)
-        return {"caption": self._text_skill(image, prompt, settings, stream)}
+        return {"caption": self._text_skill(image, "caption", length, settings, stream)}
 
     def query(self, image: Any, question: str, stream: bool = False,
               settings: dict[str, Any] | None = None) -> dict[str, str | Iterator[str]]:
-        cfg = self._moondream()
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError("question must be a non-empty string")
-        prompt = query_prompt(cfg.tokenizer, self.tokenizer.encode(question))
-        return {"answer": self._text_skill(image, prompt, settings, stream)}
+        return {"answer": self._text_skill(image, "query", question, settings, stream)}
 
     def point(self, image: Any, object: str, settings: dict[str, Any] | None = None) -> dict[str, list]:
-        return {"points": self._spatial_skill(image, object, settings, detect=False)}
+        return {"points": self._run(self.skill_sequence(image, "point", object, settings)).objects}
 
     def detect(self, image: Any, object: str, settings: dict[str, Any] | None = None) -> dict[str, list]:
-        return {"objects": self._spatial_skill(image, object, settings, detect=True)}
+        return {"objects": self._run(self.skill_sequence(image, "detect", object, settings)).objects}
 
-    # ---- the requests ----------------------------------------------------------------------
-    def _text_skill(self, image: Any, prompt: list[int], settings: dict[str, Any] | None,
-                    stream: bool) -> str | Iterator[str]:
-        s = settings_dict(settings)
-        params = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_tokens"])
-        prefix = self._prefix(image)
-
-        def make(on_token):
-            return self.core.make_image_sequence(prefix, prompt, params, Skill.TEXT, on_token=on_token)
-
-        if stream:
-            return self._stream(make)
-        return self._run(make(None)).text
-
-    def _spatial_skill(self, image: Any, object: str, settings: dict[str, Any] | None,
-                       detect: bool) -> list[dict[str, float]]:
+    def skill_sequence(self, image: Any, skill: str, argument: str, settings: dict[str, Any] | None = None,
+                       on_token: Callable[[int, int, str], None] | None = None) -> Sequence:
+        """A validated request of one skill, ready for `enqueue`: `argument` is caption's length,
+        query's question, or point's and detect's object. Its output's `objects` are the points or
+        boxes of point and detect."""
         cfg = self._moondream()
-        if not isinstance(object, str) or not object.strip():
-            raise ValueError("object must be a non-empty string")
         s = settings_dict(settings)
-        skill = "detect" if detect else "point"
-        prompt = object_prompt(cfg.tokenizer, skill, self.tokenizer.encode(" " + object))
+        if skill in ("caption", "query"):
+            if skill == "caption":
+                prompt = caption_prompt(cfg.tokenizer, argument)
+            elif isinstance(argument, str) and argument.strip():
+                prompt = query_prompt(cfg.tokenizer, self.tokenizer.encode(argument))
+            else:
+                raise ValueError("question must be a non-empty string")
+            params = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_tokens"])
+            return self.core.make_image_sequence(self._prefix(image), prompt, params, Skill.TEXT, on_token=on_token)
+        if skill not in ("point", "detect"):
+            raise ValueError(f"unknown skill {skill!r}; Moondream 2's are caption, query, point and detect")
+        if not isinstance(argument, str) or not argument.strip():
+            raise ValueError("object must be a non-empty string")
+        detect = skill == "detect"
+        prompt = object_prompt(cfg.tokenizer, skill, self.tokenizer.encode(" " + argument))
         spatial = SpatialSkill(detect, s["max_objects"], cfg.tokenizer.eos_id)
         params = SamplingParams(temperature=0.0, max_tokens=min(s["max_tokens"], spatial.max_steps()))
-        seq = self.core.make_image_sequence(self._prefix(image), prompt, params,
-                                            Skill.DETECT if detect else Skill.POINT, spatial)
-        self._run(seq)
-        return list(spatial.objects)
+        return self.core.make_image_sequence(self._prefix(image), prompt, params,
+                                             Skill.DETECT if detect else Skill.POINT, spatial, on_token)
+
+    def _text_skill(self, image: Any, skill: str, argument: str, settings: dict[str, Any] | None,
+                    stream: bool) -> str | Iterator[str]:
+        if stream:
+            return self._stream(lambda on_token: self.skill_sequence(image, skill, argument, settings, on_token))
+        return self._run(self.skill_sequence(image, skill, argument, settings)).text
