@@ -71,6 +71,24 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--max-in-flight", type=int, default=4096,
                    help="requests served at once; one more gets 429 with Retry-After")
 
+    s = sub.add_parser("bench-serve", help="traffic through a running server's HTTP API (bench/serve.py)")
+    s.add_argument("--url", default="http://127.0.0.1:8000")
+    s.add_argument("--api-key", default=None)
+    s.add_argument("--workload", default="mixed", help="mixed, short or md2-query")
+    s.add_argument("--request-rate", type=_csv(str), default=["inf"],
+                   help="Poisson arrivals at these requests/s; inf: all at once; P%%: of the capacity measured all "
+                        "at once in the same run, e.g. inf,25%%,50%%,90%%")
+    s.add_argument("--requests", type=int, default=384)
+    s.add_argument("--max-concurrency", type=int, default=None,
+                   help="requests in flight at most (1 with rate inf: one at a time, light load)")
+    s.add_argument("--prompt-range", type=_csv(int), default=[16, 1024], help="mixed: prompt lengths, uniform")
+    s.add_argument("--output-range", type=_csv(int), default=[16, 384], help="mixed: output lengths, uniform")
+    s.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput counts requests with TTFT under this")
+    s.add_argument("--slo-tpot-ms", type=float, default=None, help="... and TPOT under this")
+    s.add_argument("--label", default="server", help="names the run in the table and plot (e.g. the server's mode)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", type=Path, default=None, help="write the results as JSON (and a PNG) here")
+
     r = sub.add_parser("make-random", help="write a random-weight checkpoint (config, safetensors, BPE tokenizer)")
     r.add_argument("--preset", required=True,
                    help="tiny-llama, tiny-qwen3, tiny-phi, phi-1.5, qwen2.5-0.5b, tiny-moondream, moondream2")
@@ -128,6 +146,14 @@ def main(argv: list[str] | None = None) -> int:
             return _skill(args)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "bench-serve":
+            from .bench import serve
+
+            _check_ranges(args)
+            serve.run(args.url, args.api_key, args.workload, args.request_rate, args.requests,
+                      tuple(args.prompt_range), tuple(args.output_range), args.slo_ttft_ms, args.slo_tpot_ms,
+                      args.label, args.out, args.seed, args.max_concurrency)
+            return 0
         if args.command == "make-random":
             from .models.random_checkpoint import write_checkpoint
 
@@ -146,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         elif set(workloads) <= set(TRAFFIC):
             from .bench import traffic
 
-            for name, pair in (("--prompt-range", args.prompt_range), ("--output-range", args.output_range)):
-                if len(pair) != 2 or not 1 <= pair[0] <= pair[1]:
-                    raise ValueError(f"{name} takes two lengths LOW,HIGH with 1 <= LOW <= HIGH, got {pair}")
+            _check_ranges(args)
             traffic.run(args.model, workloads, args.mode, args.device, args.dtype, args.out, engine, args.profile,
                         args.requests,
                         tuple(args.prompt_range), tuple(args.output_range), traffic.parse_rates(args.request_rate),
@@ -166,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"slipstream: error: {e}", file=sys.stderr)
         return 2
+
+
+def _check_ranges(args) -> None:
+    for name, pair in (("--prompt-range", args.prompt_range), ("--output-range", args.output_range)):
+        if len(pair) != 2 or not 1 <= pair[0] <= pair[1]:
+            raise ValueError(f"{name} takes two lengths LOW,HIGH with 1 <= LOW <= HIGH, got {pair}")
 
 
 def _skill(args) -> int:

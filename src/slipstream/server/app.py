@@ -72,7 +72,9 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
             return no.response
         return JSONResponse({"object": "list", "data": [{"id": engine.ready.model, "object": "model",
                                                          "owned_by": "slipstream",
-                                                         "max_model_len": engine.ready.max_model_len}]})
+                                                         "max_model_len": engine.ready.max_model_len,
+                                                         "vocab_size": engine.ready.vocab_size,
+                                                         "moondream": engine.ready.moondream}]})
 
     async def serve(request: Request, handle: Callable[[dict[str, Any]], Awaitable[Response]]) -> Response:
         """Key, body and fields checked, then `handle(body)`; every refusal is an OpenAI-shaped error."""

@@ -31,6 +31,7 @@ def run_engine(model: str | None, options: dict[str, Any], requests_addr: str, o
     encoder = msgspec.msgpack.Encoder()
     llm = LLM(model, **options)
     outputs.send(encoder.encode(Ready(model=model or "SmolLM2-135M-Instruct", max_model_len=llm.core.max_model_len,
+                                      vocab_size=llm.core.model_config.vocab_size,
                                       max_prompt_bytes=llm.core.max_model_len * llm.tokenizer.max_token_bytes,
                                       moondream=llm.core.moondream is not None)))
     outbox: queue.SimpleQueue[Delta] = queue.SimpleQueue()

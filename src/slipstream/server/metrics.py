@@ -7,13 +7,14 @@ from __future__ import annotations
 import time
 from typing import AsyncIterator, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from ..profiler import IDLE_BUCKETS
 from .client import EngineClient
 from .protocol import Delta
 
+disable_created_metrics()  # (no *_created series beside every counter and histogram)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 

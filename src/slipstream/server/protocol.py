@@ -52,6 +52,7 @@ class Delta(msgspec.Struct, tag=True):
 class Ready(msgspec.Struct, tag=True):
     model: str
     max_model_len: int
+    vocab_size: int
     max_prompt_bytes: int  # longer prompt text cannot fit the context (tokens cover at most this many bytes)
     moondream: bool = False
 

@@ -1,0 +1,236 @@
+"""`slipstream bench-serve`: traffic through the real HTTP path of a running `slipstream serve`,
+streamed, at Poisson arrivals (or all at once), as vLLM's serving benchmark measures a server.
+
+- mixed: the offline `bench --workload mixed` requests (prompts of random token ids, lengths
+  uniform in `prompt_range`, outputs uniform in `output_range`, EOS ignored, greedy), by
+  /v1/completions.
+- short: prompts of 16-64 random tokens, 1-4 output tokens (the point-and-detect case).
+- md2-query (a Moondream 2 server): a question about a new synthetic 800x600 image (JPEG, a
+  base64 data URL) per request, by /v1/chat/completions with the image (so usage counts tokens),
+  answers of at most 8 tokens.
+
+Per rate: requests/s, output and total tok/s, TTFT, TPOT, ITL and end-to-end p50/p90/p99, and
+goodput (requests/s that met the SLO flags). TTFT is the first chunk with text, ITL the gaps
+between chunks with text (a chunk holds what the engine committed since the last: one token, or
+more when the server's writer fell behind), TPOT (last - first) / (tokens - 1) from the usage."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from .traffic import parse_rates, plot_latencies
+
+WORKLOADS = ("mixed", "short", "md2-query")
+QUESTION = "What is the main object in this picture, what color is it, and where is it? Answer briefly."
+
+
+@dataclass
+class Timing:
+    """One request as the client saw it."""
+    sent: float
+    chunks: list[float] = field(default_factory=list)  # arrival of each chunk with text
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    done: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class ServeResult:
+    workload: str
+    mode: str  # the --label (the server's mode, say)
+    rate: float
+    requests: int
+    failed: int
+    prompt_tokens: int
+    output_tokens: int
+    wall_s: float
+    requests_s: float
+    output_tok_s: float
+    total_tok_s: float
+    goodput_s: float  # requests/s that met the SLO (every request, without SLO flags)
+    ttft_ms: list[float]  # p50, p90, p99
+    tpot_ms: list[float]
+    itl_ms: list[float]
+    e2e_ms: list[float]
+    ttft_ms_quantiles: list[float]  # at 0, 1, ..., 100 %: the CDFs the plot draws
+    itl_ms_quantiles: list[float]
+
+
+def _requests(workload: str, count: int, prompt_range: tuple[int, int], output_range: tuple[int, int],
+              model: dict, seed: int) -> list[tuple[str, dict]]:
+    """(route, body) of each request, made before the clock starts."""
+    rng = random.Random(seed)
+    if workload == "md2-query":
+        if not model.get("moondream"):
+            raise ValueError("md2-query needs a Moondream 2 server (slipstream serve --model random:moondream2)")
+        from .moondream import synthetic_images
+
+        out = []
+        for img in synthetic_images(count, seed):
+            jpeg = io.BytesIO()
+            img.save(jpeg, format="JPEG", quality=90)
+            url = "data:image/jpeg;base64," + base64.b64encode(jpeg.getvalue()).decode()
+            content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]
+            out.append(("/v1/chat/completions", {"messages": [{"role": "user", "content": content}],
+                                                 "max_tokens": 8, "temperature": 0}))
+        return out
+    if workload == "short":
+        prompt_range, output_range = (16, 64), (1, 4)
+    longest = model["max_model_len"] - output_range[1]
+    if prompt_range[1] > longest:
+        raise ValueError(f"prompts of up to {prompt_range[1]} tokens and outputs of {output_range[1]} do not fit the "
+                         f"server's context of {model['max_model_len']}")
+    out = []
+    for _ in range(count):
+        n, m = rng.randint(*prompt_range), rng.randint(*output_range)
+        out.append(("/v1/completions", {"prompt": [rng.randrange(model["vocab_size"]) for _ in range(n)],
+                                        "max_tokens": m, "ignore_eos": True, "temperature": 0}))
+    return out
+
+
+async def _send(client, route: str, body: dict, timing: Timing) -> None:
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    try:
+        async with client.stream("POST", route, json=body) as r:
+            if r.status_code != 200:
+                timing.error = f"{r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    timing.error = str(chunk["error"])
+                    return
+                choice = chunk["choices"][0] if chunk.get("choices") else {}
+                if choice.get("text") or (choice.get("delta") or {}).get("content"):
+                    timing.chunks.append(time.perf_counter())
+                if chunk.get("usage"):
+                    timing.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    timing.output_tokens = chunk["usage"]["completion_tokens"]
+        timing.done = time.perf_counter()
+    except Exception as e:  # (a refused connection, a reset: counted as failed, not fatal to the run)
+        timing.error = f"{type(e).__name__}: {e}"
+
+
+async def _run_rate(url: str, headers: dict, requests: list[tuple[str, dict]], rate: float, seed: int,
+                    max_concurrency: int | None = None) -> tuple[list[Timing], float]:
+    import httpx
+
+    rng = random.Random(seed)
+    due, arrivals = 0.0, []
+    for _ in requests:
+        arrivals.append(due)
+        if rate != float("inf"):
+            due += rng.expovariate(rate)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=None, limits=limits) as client:
+        bar = tqdm(total=len(requests), desc=f"rate {rate:g}", unit="req", leave=False)
+        start = time.perf_counter()
+
+        slots = asyncio.Semaphore(max_concurrency or len(requests))
+
+        async def one(i: int) -> Timing:
+            delay = start + arrivals[i] - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            async with slots:  # (a request waiting for a slot is sent, and timed, once it has one)
+                timing = Timing(time.perf_counter())
+                await _send(client, *requests[i], timing)
+            bar.update()
+            return timing
+
+        timings = await asyncio.gather(*(one(i) for i in range(len(requests))))
+        wall = time.perf_counter() - start
+        bar.close()
+    return list(timings), wall
+
+
+def summarize(workload: str, label: str, rate: float, timings: list[Timing], wall: float,
+              slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> ServeResult:
+    ok = [t for t in timings if t.error is None and t.chunks]
+    ttft = [(t.chunks[0] - t.sent) * 1e3 for t in ok]
+    tpot = [(t.chunks[-1] - t.chunks[0]) * 1e3 / (t.output_tokens - 1) for t in ok if t.output_tokens > 1]
+    itl = [g * 1e3 for t in ok for g in np.diff(t.chunks)]
+    e2e = [(t.done - t.sent) * 1e3 for t in ok]
+    good = sum(1 for t, first in zip(ok, ttft)
+               if (slo_ttft_ms is None or first <= slo_ttft_ms)
+               and (slo_tpot_ms is None or t.output_tokens < 2
+                    or (t.chunks[-1] - t.chunks[0]) * 1e3 / (t.output_tokens - 1) <= slo_tpot_ms))
+
+    def pct(xs: list[float], qs) -> list[float]:
+        return [round(float(x), 4) for x in np.percentile(xs, qs)] if xs else [float("nan")] * len(qs)
+
+    prompt, output = sum(t.prompt_tokens for t in ok), sum(t.output_tokens for t in ok)
+    return ServeResult(workload, label, rate, len(timings), len(timings) - len(ok), prompt, output, wall,
+                       len(ok) / wall, output / wall, (prompt + output) / wall, good / wall, pct(ttft, [50, 90, 99]),
+                       pct(tpot, [50, 90, 99]), pct(itl, [50, 90, 99]), pct(e2e, [50, 90, 99]),
+                       pct(ttft, np.arange(101)), pct(itl, np.arange(101)))
+
+
+def format_table(results: list[ServeResult]) -> str:
+    cols = ("workload", "label", "rate", "req", "failed", "req/s", "out tok/s", "total tok/s", "goodput/s",
+            "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "e2e p50/p90/p99 ms")
+    lines = [" | ".join(cols)]
+    for r in results:
+        lines.append(" | ".join([r.workload, r.mode, f"{r.rate:g}", str(r.requests), str(r.failed),
+                                 f"{r.requests_s:,.1f}", f"{r.output_tok_s:,.0f}", f"{r.total_tok_s:,.0f}",
+                                 f"{r.goodput_s:,.1f}", *("/".join(f"{x:.2f}" for x in xs)
+                                                         for xs in (r.ttft_ms, r.tpot_ms, r.itl_ms, r.e2e_ms))]))
+    return "\n".join(lines)
+
+
+def run(url: str, api_key: str | None, workload: str, rates: list[str], count: int, prompt_range: tuple[int, int],
+        output_range: tuple[int, int], slo_ttft_ms: float | None, slo_tpot_ms: float | None, label: str,
+        out: Path | None, seed: int = 0, max_concurrency: int | None = None) -> list[ServeResult]:
+    """Each rate in turn ('inf' first where percentages of its capacity are asked for), at most
+    `max_concurrency` requests in flight (1 with rate inf: one at a time, light load); print a
+    table, write JSON and a PNG of the latency CDFs."""
+    import logging
+
+    import httpx
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # (a line per request otherwise)
+    if workload not in WORKLOADS:
+        raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        listed = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        raise ValueError(f"no slipstream server answers at {url} ({e}); start one with `slipstream serve`") from None
+    if listed.status_code != 200:
+        raise ValueError(f"{url}/v1/models answered {listed.status_code}: {listed.text[:200]}")
+    model = listed.json()["data"][0]
+    requests = _requests(workload, count, prompt_range, output_range, model, seed)
+    ordered = [r for r in parse_rates(rates) if r != "inf"]
+    if "inf" in rates or any(r.endswith("%") for r in ordered):
+        ordered.insert(0, "inf")
+    asyncio.run(_run_rate(url, headers, requests[: min(8, len(requests))], float("inf"), seed))  # warm-up
+    results: list[ServeResult] = []
+    capacity = None
+    for r in ordered:
+        rate = float("inf") if r == "inf" else float(r[:-1]) / 100 * capacity if r.endswith("%") else float(r)
+        timings, wall = asyncio.run(_run_rate(url, headers, requests, rate, seed + 1, max_concurrency))
+        result = summarize(workload, label, rate, timings, wall, slo_ttft_ms, slo_tpot_ms)
+        if r == "inf":
+            capacity = result.requests_s
+        results.append(result)
+    print(format_table(results))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"url": url, "model": model, "workload": workload, "max_concurrency": max_concurrency,
+                                   "slo_ttft_ms": slo_ttft_ms,
+                                   "slo_tpot_ms": slo_tpot_ms, "results": [asdict(r) for r in results]}, indent=1))
+        plot_latencies(results, out.with_suffix(".png"))
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+    return results

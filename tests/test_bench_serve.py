@@ -1,0 +1,73 @@
+"""`slipstream bench-serve` drives a running server through HTTP: every request of the mixed
+workload is answered with the tokens it asked for, percentages of the capacity measured all at once
+set the Poisson rates, goodput counts the requests within the SLO, the short and md2-query workloads
+and one-at-a-time runs work, and a missing server or the wrong model is an error message."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+pytest.importorskip("httpx")
+
+from serving import free_port, start_server, stop_server  # noqa: E402
+from slipstream.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start_server("random:tiny-llama", "--max-num-seqs", "16")
+    yield url
+    stop_server(proc)
+
+
+def test_the_mixed_workload_at_rates_of_its_capacity(server, tmp_path, capsys):
+    out = tmp_path / "serve.json"
+    assert main(["bench-serve", "--url", server, "--requests", "24", "--prompt-range", "5,60", "--output-range",
+                 "2,6", "--request-rate", "inf,50%", "--slo-ttft-ms", "1e9", "--slo-tpot-ms", "1e9",
+                 "--out", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    first, second = saved["results"]
+    rng = random.Random(0)  # (the requests are drawn as bench/serve.py draws them)
+    asked = 0
+    for _ in range(24):
+        n, m = rng.randint(5, 60), rng.randint(2, 6)
+        for _ in range(n):
+            rng.randrange(saved["model"]["vocab_size"])
+        asked += m
+    for r in (first, second):
+        assert r["requests"] == 24 and r["failed"] == 0 and r["output_tokens"] == asked
+        assert 0 < r["ttft_ms"][0] <= r["ttft_ms"][2] <= r["e2e_ms"][2] and r["itl_ms"][0] > 0
+        assert r["goodput_s"] == pytest.approx(r["requests_s"])  # (an SLO every request meets)
+    assert first["rate"] == float("inf") and second["rate"] == pytest.approx(first["requests_s"] / 2)
+    assert out.with_suffix(".png").exists() and "TTFT p50/p90/p99" in capsys.readouterr().out
+
+
+def test_short_requests_one_at_a_time_and_an_slo_none_meets(server, tmp_path):
+    out = tmp_path / "short.json"
+    assert main(["bench-serve", "--url", server, "--workload", "short", "--requests", "6", "--max-concurrency", "1",
+                 "--slo-ttft-ms", "0", "--out", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["requests"] == 6 and r["failed"] == 0 and r["goodput_s"] == 0
+    assert 6 <= r["output_tokens"] <= 24
+
+
+def test_md2_query_through_a_moondream_server(tmp_path):
+    proc, url = start_server("random:tiny-moondream")
+    try:
+        out = tmp_path / "md2.json"
+        assert main(["bench-serve", "--url", url, "--workload", "md2-query", "--requests", "4", "--out", str(out)]) == 0
+        (r,) = json.loads(out.read_text())["results"]
+        assert r["requests"] == 4 and r["failed"] == 0 and r["prompt_tokens"] > 4 * 729
+    finally:
+        stop_server(proc)
+
+
+def test_no_server_and_the_wrong_model_are_error_messages(server, capsys):
+    assert main(["bench-serve", "--url", f"http://127.0.0.1:{free_port()}"]) == 2
+    assert "no slipstream server answers" in capsys.readouterr().err
+    assert main(["bench-serve", "--url", server, "--workload", "md2-query"]) == 2
+    assert "needs a Moondream 2 server" in capsys.readouterr().err
+    assert main(["bench-serve", "--url", server, "--prompt-range", "10,5000"]) == 2
+    assert "do not fit" in capsys.readouterr().err
