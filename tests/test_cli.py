@@ -89,3 +89,17 @@ def test_moondream_skills_print_their_result_and_draw_the_marks(tmp_path, capsys
     assert "does not exist" in capsys.readouterr().err
     assert main(["caption", str(picture), "--model", "random:tiny-llama", "--device", "cpu"]) == 2
     assert "not Moondream 2" in capsys.readouterr().err
+
+
+def test_the_shared_prefix_workload_runs_with_the_cache_and_without():
+    from slipstream import LLM
+    from slipstream.bench.traffic import run_shared_prefix
+
+    with LLM("random:tiny-llama", device="cpu", max_num_seqs=8) as llm:
+        on, off = run_shared_prefix(llm, requests=8, prefix_tokens=40, suffix_tokens=4, output_tokens=3)
+        assert llm.core.pool.caching  # (switched back on)
+    with LLM("random:tiny-llama", device="cpu", enable_prefix_caching=False) as llm:
+        (alone,) = run_shared_prefix(llm, requests=2, prefix_tokens=20, suffix_tokens=2, output_tokens=2)
+    assert (on.workload, off.workload, alone.workload) == ("shared-prefix cache on", "shared-prefix cache off",
+                                                           "shared-prefix cache off")
+    assert on.requests == off.requests == 8 and on.output_tokens == off.output_tokens == 24

@@ -247,16 +247,22 @@ def test_captured_image_prefills_equal_the_eager_ones(checkpoint):
     assert results[0] == results[1]
 
 
+def count_encodes(llm: LLM, monkeypatch) -> list[int]:
+    """The images of each step that runs the vision encoder, as the test goes on."""
+    heads, encoded = llm.core.runner.heads, []
+    real = heads.prefill_images
+    monkeypatch.setattr(heads, "prefill_images", lambda crops, tilings, *a: (encoded.append(len(tilings)),
+                                                                            real(crops, tilings, *a)))
+    return encoded
+
+
 def test_an_encoded_image_is_encoded_once_and_its_pages_freed_when_closed(checkpoint, monkeypatch):
     img = image((800, 600), 9)
     settings = {"temperature": 0.0, "max_tokens": 6}
-    with make_llm(checkpoint) as llm:
+    with make_llm(checkpoint, enable_prefix_caching=False) as llm:
         separate = [llm.caption(img, settings=settings)["caption"]]
         separate += [llm.query(img, q, settings=settings)["answer"] for q in ("Why?", "Who?", "Where?", "When?")]
-        heads, encoded = llm.core.runner.heads, []
-        real = heads.prefill_images
-        monkeypatch.setattr(heads, "prefill_images", lambda crops, tilings, *a: (encoded.append(len(tilings)),
-                                                                                real(crops, tilings, *a)))
+        encoded = count_encodes(llm, monkeypatch)
         with llm.encode_image(img) as handle:
             shared = [llm.caption(handle, settings=settings)["caption"]]
             with ThreadPoolExecutor(4) as pool:

@@ -170,8 +170,9 @@ class InvariantChecker:
         for s, (start, n) in zip(step.seqs[step.num_decode:], step.chunks):
             assert start == s.kv_len and n >= 1 and start + n <= len(s.prompt_ids)  # 2: in order
             assert (s in step.sampled) == (start + n == len(s.prompt_ids))  # 2: only the last chunk samples
-            if start == 0:
+            if s.request_id not in self.admitted:
                 self.admitted.append(s.request_id)
+                assert start == s.cached_tokens and start % self.core.pool.page_size == 0  # 6: after a cached run
             if n < len(s.prompt_ids):
                 self.launches["chunked"] += 1
         assert self.admitted == sorted(self.admitted)  # 3: first come, first served
@@ -184,6 +185,7 @@ class InvariantChecker:
         for s in self.sched.running.values():
             assert s.inflight_refs == sum(s in step.seqs for step in inflight)
             assert s.row >= 0 and s.pages
+            assert all(self.core.pool.held(p) for p in s.pages)  # 6: never evictable while held
 
 
 @pytest.mark.parametrize("mode", ["pipelined", "blocking"])
@@ -216,6 +218,33 @@ def test_planning_invariants_hold_at_every_step(tiny_llama, mode):
     assert all(s.finalized for s in seqs) and core.pool.num_free == core.pool.total
     assert victim.finish_reason == "abort" and victim.output_ids == []
     assert checker.launches["mixed"] and checker.launches["chunked"] and checker.launches["decode"]
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "blocking"])
+def test_6_cached_pages_are_held_while_steps_read_them_and_runs_start_the_prefill(tiny_llama, mode):
+    """Prompts on four shared starts (some repeated whole), a cache small enough that admission
+    keeps evicting, arrivals while others run, EOS zombies on shared pages, under a 24-token budget."""
+    core = make_core(tiny_llama, mode, [], num_pages=70, max_prefill_tokens=24, max_prefill_chunk=10)
+    sched = core.scheduler
+    checker = InvariantChecker(core)
+    rng = __import__("random").Random(6)
+    stems = [[rng.randrange(1, 300) for _ in range(rng.choice([8, 30, 41, 77]))] for _ in range(4)]
+    seqs = []
+    for i in range(24):
+        tail = [rng.randrange(1, 300) for _ in range(rng.choice([0, 1, 9]))]
+        force = (lambda k=rng.randrange(4): ForceAt(k, tiny_llama.eos_id)) if rng.random() < 0.3 else None
+        seqs.append(core.make_sequence(rng.choice(stems) + tail, SamplingParams(max_tokens=rng.randint(1, 8),
+                                                                                constraint=force), None))
+    pending = list(seqs)
+    for tick in range(3000):
+        if pending and tick % 4 == 0:
+            sched.add(pending.pop(0))
+        if not pending and not sched.has_work():
+            break
+        sched.tick()
+        checker.check_refs()
+    assert not pending and all(s.finalized for s in seqs) and core.pool.num_free == core.pool.total
+    assert sum(s.cached_tokens > 0 for s in seqs) >= 8 and sched.cached_tokens == sum(s.cached_tokens for s in seqs)
 
 
 def slow_fill(constraints: list, words, rows: list[int]) -> None:

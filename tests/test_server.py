@@ -177,9 +177,20 @@ def test_the_api_key_is_required(server):
     assert httpx.get(server + "/health").status_code == 200  # (health is open)
 
 
+def test_a_repeated_prompt_is_found_in_the_prefix_cache_and_usage_says_so(client):
+    prompt = "the kernel " * 40
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    assert first.choices[0].text == again.choices[0].text
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached >= again.usage.prompt_tokens - 16 and cached % 16 == 0  # (full pages of 16, the last token computed)
+
+
 def test_metrics_count_requests_steps_and_gpu_time_and_show_no_page_held_once_idle(server, client):
     client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
     values = wait_idle(server)
+    assert 0 < values["slipstream_cached_prompt_tokens_total"] < values["slipstream_prompt_tokens_total"]
+    assert values["slipstream_kv_pages_cached"] > 0
     assert values["slipstream_kv_pages_in_use"] == 0 and values["slipstream_kv_pages_total"] > 0
     assert values['slipstream_requests_total{finish_reason="length"}'] >= 1
     assert values["slipstream_time_to_first_token_seconds_count"] >= 1

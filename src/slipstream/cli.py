@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 
-TRAFFIC = ["mixed", "prefill", "ttft", "interference"]
+TRAFFIC = ["mixed", "prefill", "ttft", "interference", "shared-prefix"]
 SKILL_WORKLOADS = ["md2-query", "md2-caption", "md2-point", "md2-detect", "md2-reuse", "md2-encoder"]
 
 
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--max-prefill-tokens", type=int, default=None, help="the per-step token budget")
     v.add_argument("--max-prefill-chunk", type=int, default=None, help="prompt tokens a step carries beside decode rows")
     v.add_argument("--no-cuda-graphs", action="store_true", help="run every step eagerly")
+    v.add_argument("--no-prefix-caching", action="store_true", help="reuse no KV across requests")
     v.add_argument("--no-step-timing", action="store_true",
                    help="leave out the GPU busy/idle counters of /metrics (two CUDA events a step)")
     v.add_argument("--max-in-flight", type=int, default=4096,
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="decode (default): tok/s per stream count (or short, zombie, constrained); traffic, one or "
                         "several in one engine, e.g. mixed,prefill: mixed (requests of random prompt and output "
                         "lengths), prefill (prompt tok/s), ttft (one request at a time), interference (decoding "
-                        "while prompts arrive every step); Moondream 2: md2-query, md2-caption, md2-point, "
+                        "while prompts arrive every step), shared-prefix (a 1,000-token system prompt, cache on and "
+                        "off); Moondream 2: md2-query, md2-caption, md2-point, "
                         "md2-detect, md2-reuse, md2-encoder (see bench/moondream.py)")
     b.add_argument("--streams", type=_csv(int), default=[1, 8])
     b.add_argument("--mode", type=_csv(str), default=["pipelined", "blocking"])
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="engine option: prompt tokens a step carries beside decode rows")
     b.add_argument("--no-cuda-graphs", action="store_true",
                    help="engine option: run every step eagerly (to measure what the graphs buy)")
+    b.add_argument("--no-prefix-caching", action="store_true", help="engine option: reuse no KV across requests")
     t = b.add_argument_group("traffic workloads (mixed, prefill, ttft, interference)")
     t.add_argument("--requests", type=int, default=384, help="mixed: number of requests")
     t.add_argument("--prompt-range", type=_csv(int), default=[16, 1024], help="mixed: prompt lengths, uniform")
@@ -161,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         engine = {k: v for k, v in (("max_num_seqs", args.max_num_seqs), ("max_prefill_tokens", args.max_prefill_tokens),
                                     ("max_prefill_chunk", args.max_prefill_chunk),
-                                    ("cuda_graphs", False if args.no_cuda_graphs else None)) if v is not None}
+                                    ("cuda_graphs", False if args.no_cuda_graphs else None),
+                                    ("enable_prefix_caching", False if args.no_prefix_caching else None))
+                  if v is not None}
         workloads = args.workload or ["short" if args.short else "zombie" if args.zombie
                                       else "constrained" if args.constrained is not None else "decode"]
         if set(workloads) <= set(SKILL_WORKLOADS):
@@ -247,7 +252,8 @@ def _serve(args) -> int:
     from .server.client import EngineClient
 
     options = {"mode": args.mode, "device": args.device, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
-               "step_timing": not args.no_step_timing, "cuda_graphs": not args.no_cuda_graphs}
+               "step_timing": not args.no_step_timing, "cuda_graphs": not args.no_cuda_graphs,
+               "enable_prefix_caching": not args.no_prefix_caching}
     for name in ("tokenizer", "max_model_len", "max_prefill_tokens", "max_prefill_chunk"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)

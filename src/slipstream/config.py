@@ -59,6 +59,7 @@ class EngineConfig:
     # requests' inter-token latency while prompts arrive (steps with nothing decoding use the whole budget)
     cpu_kv_bytes: int = 1 << 30
     cuda_graphs: bool = True
+    enable_prefix_caching: bool = True  # full pages of KV found by a hash of their tokens and reused (kv_cache.py)
     step_timing: bool = False  # GPU busy and idle time per step in stats() (profiler.StepClock; the server's
     # /metrics): two timing events a step
 

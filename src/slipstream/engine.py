@@ -17,7 +17,7 @@ import torch
 
 from .config import EngineConfig
 from .device import DeviceLayer
-from .kv_cache import KVCache, PagePool
+from .kv_cache import KVCache, PagePool, chain_keys
 from .models.loader import build_model, load_checkpoint
 from .models.moondream.api import MoondreamAPI
 from .profiler import StepClock
@@ -46,6 +46,7 @@ class RequestOutput:
     metrics: RequestMetrics
     logprobs: list[dict[int, float]] | None = None  # per token: {id: logprob} for the top n and the sampled one
     objects: list[dict[str, float]] | None = None  # Moondream point/detect: the points or boxes decoded
+    cached_tokens: int = 0  # prompt tokens whose KV was reused (prefix cache, or an encoded image's prefix)
 
 
 class _Pending:
@@ -77,7 +78,7 @@ class EngineCore:
 
             heads = MoondreamHeads(self.moondream, net, ckpt.parts, cfg.max_num_seqs, cfg.dtype, cfg.device)
         del ckpt
-        self.pool = PagePool(self._num_pages(), cfg.page_size)
+        self.pool = PagePool(self._num_pages(), cfg.page_size, cfg.enable_prefix_caching)
         kv = KVCache(mc.num_layers, self.pool.num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, cfg.dtype,
                      cfg.device)
         pages_per_seq = self.pool.pages_for(self.max_model_len + 1)
@@ -127,6 +128,8 @@ class EngineCore:
         if pages > self.pool.total:
             raise ValueError(f"request needs {pages} KV pages (prompt + max_tokens), the cache has "
                              f"{self.pool.total}; lower max_tokens or give the cache more memory")
+        if self.pool.caching:
+            seq.page_keys = chain_keys(ids, self.pool.page_size)
         return seq
 
     def make_image_sequence(self, prefix: ImagePrefix, prompt_ids: list[int], params: SamplingParams, skill: int,
@@ -135,6 +138,9 @@ class EngineCore:
         skill code (and point/detect's state machine)."""
         seq = self.make_sequence([self.moondream.tokenizer.bos_id] * prefix.length + prompt_ids, params, on_token)
         seq.prefix, seq.skill, seq.spatial = prefix, skill, spatial
+        if self.pool.caching:  # (the prefix's positions are placeholders: the image's digest tells them apart)
+            seq.page_keys = chain_keys(seq.prompt_ids, self.pool.page_size, extra=prefix.crops.digest,
+                                       extra_until=prefix.length)
         return seq
 
     def _constraint(self, params: SamplingParams) -> TokenConstraint | None:
@@ -178,13 +184,15 @@ class EngineCore:
             request_id=seq.request_id, prompt_token_ids=seq.prompt_ids[seq.prompt_start:], token_ids=list(seq.output_ids),
             text=seq.text.text, finish_reason=seq.finish_reason,
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
-            objects=list(seq.spatial.objects) if seq.spatial is not None else None,
+            objects=list(seq.spatial.objects) if seq.spatial is not None else None, cached_tokens=seq.cached_tokens,
             metrics=RequestMetrics(ttft=None if first is None else first - seq.arrival,
                                    decode_seconds=0.0 if first is None else seq.finish_time - first))
 
     def stats(self) -> dict[str, Any]:
         sched = self.scheduler
         return {"kv_pages_total": self.pool.total, "kv_pages_free": self.pool.num_free,
+                "kv_pages_cached": self.pool.num_cached, "prompt_tokens": sched.prompt_tokens,
+                "cached_prompt_tokens": sched.cached_tokens,
                 "running": len(sched.running), "waiting": len(sched.waiting),
                 "steps": sum(sched.steps.values()), "prefill_steps": sched.steps["prefill"],
                 "decode_steps": sched.steps["decode"], "cuda_graphs": len(self.runner.graphs or ()),
@@ -237,6 +245,10 @@ class LLM(MoondreamAPI):
         thread (or the commit worker) after each committed token and may read the sequence's
         `output_ids` and `logprobs` there: the server ships them from it."""
         return self._enqueue([(seq, _Pending(on_finish=on_finish))])[0]
+
+    def enqueue_many(self, seqs: list[Sequence]) -> list[int]:
+        """Queue built sequences at once (so they can share one step); results by `result`."""
+        return self._enqueue([(seq, _Pending()) for seq in seqs])
 
     def submit_many(self, prompts: Seq[str | list[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
                     on_token: Callable[[int, int, str], None] | None = None) -> list[int]:

@@ -26,17 +26,25 @@ decodes. Planning invariants (each has a test in tests/test_scheduler.py):
      (masks from committed state); the rest of that commit (text, stop checks, callbacks,
      finishing, releases), on the worker or not, is done before the tick ends, so the next plan
      sees it, and a request's callbacks run in token order, one at a time.
+  6. Prefix caching: a page is registered under its key only once the KV of the tokens the key
+     names is written or queued (a prompt's full pages when the step that fills them is launched;
+     an image prefix's at its admission, as the step's image work runs before any prompt of it
+     reads them; generated ones at release, up to the tokens both committed and written); a sequence holds
+     every page of its table from admission to release, so no page an in-flight step reads or
+     writes is ever evicted; a cached run starts a prompt's prefill after it, leaving its last
+     token to compute.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .kv_cache import PagePool
+from .kv_cache import PagePool, chain_keys
 from .pipeline import Pipeline, Step
 from .runner import ALL_ALLOWED, ModelRunner
 from .sampling import SamplingParams, TokenConstraint
@@ -57,6 +65,7 @@ class ImagePrefix:
     length: int
     holders: int = 0
     pages: list[int] = field(default_factory=list)
+    keys: list[bytes] = field(default_factory=list)  # prefix caching: its pages' keys (the partial last one's own)
 
 
 @dataclass
@@ -88,6 +97,11 @@ class Sequence:
     prefix: ImagePrefix | None = None
     skill: int = 0
     spatial: Any = None
+    # prefix caching: the keys of the prompt's full pages (kv_cache.chain_keys), how many of the
+    # sequence's pages are registered under theirs, and the prompt tokens it found cached
+    page_keys: list[bytes] = field(default_factory=list)
+    registered: int = 0
+    cached_tokens: int = 0
 
     @property
     def prompt_start(self) -> int:
@@ -114,6 +128,8 @@ class Scheduler:
         self.running: dict[int, Sequence] = {}  # holds a row and pages: live sequences and zombies
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.steps = {"prefill": 0, "decode": 0}
+        self.prompt_tokens = 0  # prompt tokens admitted, and those whose KV was found cached (or an image's
+        self.cached_tokens = 0  # prefix already encoded), for the hit rate
         self.commit_log: deque[tuple[str, float]] = deque(maxlen=100_000)  # (kind, commit time), for benchmarks
         self.waited = 0.0  # seconds this tick spent blocked on a copy event
         self._commit_worker: ThreadPoolExecutor | None = None  # runs a commit's rest beside a mask fill
@@ -195,6 +211,8 @@ class Scheduler:
             s.kv_len = first + n
         for s in step.sampled:
             s.sampled_launched += 1
+        if self.pool.caching:
+            self._register_launched(step)
         self.steps[step.kind] += 1
         self._timed("launch", start)
         if not step.constrained:
@@ -226,28 +244,44 @@ class Scheduler:
         while budget > 0 and self.waiting and self.free_rows:
             seq = self.waiting[0]
             prefix = seq.prefix
-            new_prefix = prefix is not None and not prefix.pages
+            shared = prefix.length // self.pool.page_size if prefix is not None else 0
+            cached_prefix = self._cached_prefix(seq) if prefix is not None and not prefix.pages else []
+            new_prefix = prefix is not None and not prefix.pages and not cached_prefix
             if new_prefix and prefix.length >= budget and chunks:
                 break  # (a new image prefix goes whole into one step, alone among prompts if the budget is smaller)
-            shared = prefix.length // self.pool.page_size if prefix is not None else 0
-            n_pages = self.pool.pages_for(self.reserve_tokens(seq)) - shared
-            if n_pages + (self.pool.pages_for(prefix.length) if new_prefix else 0) > self.pool.num_free:
+            hits = self._cached_pages(seq, shared)
+            n_pages = self.pool.pages_for(self.reserve_tokens(seq)) - shared - len(hits)
+            need = n_pages + (self.pool.pages_for(prefix.length) if new_prefix else 0)
+            if need > self.pool.num_free - self.pool.unheld(cached_prefix + hits):
                 break
             self.waiting.popleft()
             seq.row = self.free_rows.pop()
-            seq.pages = self.pool.allocate(n_pages)
-            start = 0
+            self.pool.hold(cached_prefix + hits)
+            seq.pages = hits + self.pool.allocate(n_pages)
+            start = len(hits) * self.pool.page_size
             if prefix is not None:
-                if new_prefix:
+                if cached_prefix:
+                    prefix.pages = cached_prefix
+                elif new_prefix:
                     prefix.pages = self.pool.allocate(self.pool.pages_for(prefix.length))
                     images.append(prefix)
+                    for page, key in zip(prefix.pages, prefix.keys):  # (the step writes them before any
+                        self.pool.register(page, key)  # prompt of it reads them: admissions after this one share them)
                     prompt = len(seq.prompt_ids) - prefix.length
                     budget = max(budget - prefix.length, min(prompt, self.max_prefill_chunk))
-                if shared < len(prefix.pages):  # (its partial last page: the sequence's own copy)
-                    copies.append((prefix.pages[shared], seq.pages[0]))
+                if hits:  # (its first own page is a cached copy of the prefix's partial page and what follows)
+                    start += shared * self.pool.page_size
+                else:
+                    start = prefix.length
+                    if shared < len(prefix.pages):  # (its partial last page: the sequence's own copy)
+                        copies.append((prefix.pages[shared], seq.pages[0]))
                 seq.pages = prefix.pages[:shared] + seq.pages
                 prefix.holders += 1
-                start = prefix.length
+            seq.kv_len = start  # (what cached pages or an image prefix hold is written, or queued before)
+            seq.registered = shared + len(hits)
+            seq.cached_tokens = start - (prefix.length if new_prefix else 0)
+            self.prompt_tokens += len(seq.prompt_ids)
+            self.cached_tokens += seq.cached_tokens
             self.runner.bind_row(seq.row, seq.pages, seq.params, seq.seed, seq.skill)
             self.running[seq.request_id] = seq
             n = min(budget, len(seq.prompt_ids) - start)
@@ -379,10 +413,10 @@ class Scheduler:
     def _release_if_done(self, seq: Sequence) -> None:
         if seq.finalized and seq.inflight_refs == 0 and seq.row >= 0:
             prefix = seq.prefix
-            if prefix is None:
-                self.pool.free(seq.pages)
-            else:
-                self.pool.free(seq.pages[prefix.length // self.pool.page_size:])
+            if self.pool.caching and seq.spatial is None:  # (a spatial row's next inputs are not its tokens)
+                self._register_written(seq)
+            self.pool.release(seq.pages[prefix.length // self.pool.page_size if prefix is not None else 0:][::-1])
+            if prefix is not None:
                 self.release_prefix(prefix)
             self.free_rows.append(seq.row)
             del self.running[seq.request_id]
@@ -393,8 +427,53 @@ class Scheduler:
         """A holder of the image prefix is done with it (a sequence released, or its handle closed)."""
         prefix.holders -= 1
         if prefix.holders == 0 and prefix.pages:
-            self.pool.free(prefix.pages)
+            self.pool.release(prefix.pages[::-1])
             prefix.pages = []
+
+    # ---- prefix caching -------------------------------------------------------------------
+    def _cached_pages(self, seq: Sequence, shared: int) -> list[int]:
+        """Cached pages that continue the sequence's prompt from page `shared`, leaving at least its
+        last token to compute (it samples). A penalized request finds none: its penalty state marks
+        the prompt's tokens as its chunks run."""
+        if not self.pool.caching or seq.params.penalized:
+            return []
+        return self.pool.lookup(seq.page_keys[shared:(len(seq.prompt_ids) - 1) // self.pool.page_size])
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """An image prefix's pages from the cache, all of them (its partial last page included) or
+        none: a part could only be recomputed by encoding the image again."""
+        prefix = seq.prefix
+        if not self.pool.caching:
+            return []
+        shared = prefix.length // self.pool.page_size
+        if not prefix.keys:
+            prefix.keys = seq.page_keys[:shared]
+            if prefix.length % self.pool.page_size:  # (the partial page's own key: the image's positions alone)
+                parent = prefix.keys[-1] if prefix.keys else b""
+                prefix.keys.append(hashlib.blake2b(parent + b"image tail" + prefix.crops.digest,
+                                                   digest_size=16).digest())
+        pages = self.pool.lookup(prefix.keys)
+        return pages if len(pages) == len(prefix.keys) else []
+
+    def _register_launched(self, step: Step) -> None:
+        """Register the full prompt pages the step's chunks fill (not sooner: a chunk of the same
+        step must not read a page that the same forward writes)."""
+        for s in step.seqs[step.num_decode:]:
+            full = min(s.kv_len, len(s.prompt_ids)) // self.pool.page_size
+            for i in range(s.registered, full):
+                self.pool.register(s.pages[i], s.page_keys[i])
+            s.registered = max(s.registered, full)
+
+    def _register_written(self, seq: Sequence) -> None:
+        """At release: register the full pages of generated tokens whose KV was written (an aborted
+        request's last steps may have written KV for tokens it never committed: not those)."""
+        tokens = seq.prompt_ids + seq.output_ids
+        known = tokens[:min(seq.kv_len, len(tokens))]
+        prefix = seq.prefix
+        keys = chain_keys(known, self.pool.page_size, extra=prefix.crops.digest if prefix is not None else b"",
+                         extra_until=prefix.length if prefix is not None else 0, keys=seq.page_keys)
+        for i in range(seq.registered, len(keys)):
+            self.pool.register(seq.pages[i], keys[i])
 
 
 def _logprob_entry(token: int, row, n: int) -> dict[int, float]:

@@ -8,8 +8,9 @@ and is timed, as a user pays it.
 - md2-caption: normal captions of --max-tokens tokens (EOS ignored) by that many clients: tok/s.
 - md2-point, md2-detect: requests/s of point / detect (at most 4 objects; the model's EOS ends a
   request earlier, so `outputs` counts the objects found) by that many clients.
-- md2-reuse: a caption plus 4 queries on one image, sent together: through one encoded image
-  (encoder and prefix prefill once) against 5 separate requests; ms per group.
+- md2-reuse: a caption plus 4 queries on one image, sent together: 5 separate requests with no
+  reuse, the same finding the image's prefix in the prefix cache, and through one encoded image
+  (encoder and prefix prefill once); ms per group.
 - md2-encoder: the vision encoder's forward over 1, 5, 13 and 64 crops as one CUDA graph: ms beside
   its compute floor (2 x encoder parameters x patches / the dense bf16 peak measured here; GPU only)."""
 from __future__ import annotations
@@ -114,12 +115,17 @@ def run_workload(llm: LLM, workload: str, clients: int, max_tokens: int, seed: i
 
 
 def run_reuse(llm: LLM, groups: int, seed: int) -> list[SkillResult]:
-    """A caption and 4 queries about one image, sent together: 5 separate requests, or one encoded image."""
+    """A caption and 4 queries about one image, sent together: 5 separate requests with no reuse
+    (the prefix cache's lookups off), 5 separate requests finding the image's prefix in the cache
+    (where the engine caches), or one encoded image."""
     questions = ["What is this?", "What color is it?", "Where is it?", "How many are there?"]
     settings = {"temperature": 0.0, "max_tokens": 8}
     results = []
-    for shared in (False, True):
-        images = synthetic_images(groups, seed + shared)
+    caching = llm.core.pool.caching
+    variants = [("separate, no reuse", False, False)] + ([("separate, cached", False, True)] if caching else [])
+    for k, (name, shared, cache) in enumerate(variants + [("encoded", True, caching)]):
+        images = synthetic_images(groups, seed + k)
+        llm.core.pool.caching = cache  # (read by the loop thread at its next admission)
 
         def group(i: int) -> int:
             image = llm.encode_image(images[i]) if shared else images[i]
@@ -134,7 +140,8 @@ def run_reuse(llm: LLM, groups: int, seed: int) -> list[SkillResult]:
                 image.close()
             return 0
 
-        results.append(closed_loop(llm, "md2-reuse " + ("encoded" if shared else "separate"), 1, groups, group))
+        results.append(closed_loop(llm, f"md2-reuse {name}", 1, groups, group))
+    llm.core.pool.caching = caching
     return results
 
 

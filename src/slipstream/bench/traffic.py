@@ -9,6 +9,9 @@
 - ttft: one request at a time (light load) per prompt length: TTFT percentiles.
 - interference: `decoding` requests decoding while a prompt of `arrival_tokens` tokens arrives at
   every step: the decoding requests' ITL beside their ITL without arrivals.
+- shared-prefix: 256 requests of a 1,000-token shared prefix (a system prompt) and 50 unique
+  tokens, 64 output tokens each, all at once; with the prefix cache, and again with its lookups and
+  registration switched off in the same engine (on another prefix): TTFT and throughput.
 Every token's commit time is taken in the engine's per-token callback (on the loop thread), and its
 text delta handed to a consumer thread, as a server's response writer would receive it."""
 from __future__ import annotations
@@ -208,12 +211,34 @@ def run_interference(llm: LLM, decoding: int, arrival_tokens: int, steps: int = 
     return results
 
 
+def run_shared_prefix(llm: LLM, requests: int = 256, prefix_tokens: int = 1000, suffix_tokens: int = 50,
+                      output_tokens: int = 64) -> list[TrafficResult]:
+    """The shared-system-prompt workload, cache on, then off (an engine without caching runs it once)."""
+    results = []
+    modes = (True, False) if llm.core.pool.caching else (False,)
+    for caching, seed in zip(modes, (21, 22)):
+        rng = random.Random(seed)
+        prefix = _random_prompts(llm, [prefix_tokens], rng)[0]
+        prompts = [prefix + p for p in _random_prompts(llm, [suffix_tokens] * requests, rng)]
+        llm.core.pool.caching = caching  # (read by the loop thread at its next admission)
+        clock, before = TokenClock(), llm.stats()
+        t0 = time.perf_counter()
+        ids = llm.submit_many(prompts, SamplingParams(max_tokens=output_tokens, ignore_eos=True), on_token=clock.push)
+        outs = [llm.result(i) for i in ids]
+        wall = time.perf_counter() - t0
+        clock.close()
+        results.append(summarize(llm, f"shared-prefix cache {'on' if caching else 'off'}", float("inf"), outs,
+                                 clock, wall, before))
+    llm.core.pool.caching = modes[0]
+    return results
+
+
 def _check_lengths(llm: LLM, workloads: list[str], prompt_range: tuple[int, int], output_range: tuple[int, int],
                    ttft_lengths: list[int], arrival_tokens: int) -> None:
     """Refuse, before any workload runs, prompts that leave the model no room to generate."""
     limit = llm.core.max_model_len
     asked = {"mixed": ("--prompt-range", prompt_range[1]), "ttft": ("--ttft-lengths", max(ttft_lengths)),
-             "interference": ("--arrival-tokens", arrival_tokens)}
+             "interference": ("--arrival-tokens", arrival_tokens), "shared-prefix": ("shared-prefix", 1050 + 64)}
     for workload, (flag, longest) in asked.items():
         if workload in workloads and longest >= limit:
             raise ValueError(f"{flag} asks for {longest}-token prompts; this model's max_model_len is {limit}")
@@ -314,6 +339,8 @@ def run(model: str | None, workloads: list[str], modes: list[str], device: str |
                     results.extend(run_ttft(llm, list(ttft_lengths)))
                 elif workload == "interference":
                     results.extend(run_interference(llm, decoding, arrival_tokens))
+                elif workload == "shared-prefix":
+                    results.extend(run_shared_prefix(llm))
                 else:
                     raise ValueError(f"unknown traffic workload {workload!r}")
                 profiles.update(_take_profile(llm, f"{mode} {workload}"))

@@ -71,7 +71,7 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
         except _Refused as no:
             return no.response
         return JSONResponse({"object": "list", "data": [{"id": engine.ready.model, "object": "model",
-                                                         "owned_by": "slipstream",
+                                                         "created": engine.started, "owned_by": "slipstream",
                                                          "max_model_len": engine.ready.max_model_len,
                                                          "vocab_size": engine.ready.vocab_size,
                                                          "moondream": engine.ready.moondream}]})

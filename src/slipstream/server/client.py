@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -28,6 +29,7 @@ class EngineClient:
         self.ready: Ready | None = None
         self.stats: Stats | None = None  # the engine's latest (it sends them twice a second)
         self.dead: str | None = None
+        self.started = int(time.time())
         self._queues: dict[str, asyncio.Queue[Delta]] = {}
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(FromEngine)

@@ -65,10 +65,15 @@ class _Server:
         except (ValueError, TypeError) as e:
             self.outbox.put(Delta(message.id, finish_reason="error", error=str(e), invalid=True))
             return
+        except Exception as e:  # (a bug, not the input: this request fails, the engine serves on)
+            self.outbox.put(Delta(message.id, finish_reason="error", error=f"preparing the request failed: {e!r}"))
+            return
+        spatial = isinstance(message, Skill) and message.skill in ("point", "detect")  # (answers come at the end)
         queued = []
         for index, seq in enumerate(seqs):
             ship = self.pieces.shipper()
-            seq.on_token = self._on_token(message.id, index, ship)
+            if not spatial:
+                seq.on_token = self._on_token(message.id, index, ship)
             queued.append((seq, self._on_finish(message.id, index, seq, ship)))
         try:
             self.running.start(message.id, lambda: [self.llm.enqueue(seq, done) for seq, done in queued])
@@ -108,6 +113,7 @@ class _Server:
                 return
             self.outbox.put(Delta(request_id, index, completion_tokens=len(out.token_ids),
                                   finish_reason=out.finish_reason, prompt_tokens=len(seq.prompt_ids),
+                                  cached_tokens=out.cached_tokens,
                                   logprobs=ship(out.token_ids, out.logprobs or [], seq.params.logprobs),
                                   objects=out.objects))
 

@@ -1,7 +1,8 @@
 """`GET /metrics` in Prometheus's text format: requests by finish reason, TTFT / ITL / end-to-end
 latency histograms as the API process sees them, and the engine's own figures from the stats it
-sends twice a second: requests running and waiting, KV pages, steps, and (step timing on) GPU busy
-and idle time over the steps and idle per step, read from CUDA events on the compute stream."""
+sends twice a second: requests running and waiting, KV pages (and the prefix cache's), steps, prompt
+tokens and those found cached, and (step timing on) GPU busy and idle time over the steps and idle
+per step, read from CUDA events on the compute stream."""
 from __future__ import annotations
 
 import time
@@ -80,10 +81,15 @@ class _EngineCollector:
         for name, help_, value in (("requests_running", "Requests holding a row in the engine", s.running),
                                    ("requests_waiting", "Requests queued in the engine", s.waiting),
                                    ("kv_pages_in_use", "KV cache pages held", s.kv_pages_total - s.kv_pages_free),
-                                   ("kv_pages_total", "KV cache pages", s.kv_pages_total)):
+                                   ("kv_pages_total", "KV cache pages", s.kv_pages_total),
+                                   ("kv_pages_cached", "KV pages the prefix cache can find (held or not)",
+                                    s.kv_pages_cached)):
             yield GaugeMetricFamily(f"slipstream_{name}", help_, value=value)
         for name, help_, value in (("prefill_steps", "Steps with prompt tokens run", s.prefill_steps),
                                    ("decode_steps", "Decode-only steps run", s.decode_steps),
+                                   ("prompt_tokens", "Prompt tokens admitted", s.prompt_tokens),
+                                   ("cached_prompt_tokens", "Prompt tokens whose KV was found cached (the hit rate "
+                                    "is this over prompt_tokens)", s.cached_prompt_tokens),
                                    ("timed_steps", "Steps whose GPU time is counted (step timing on)", s.timed_steps),
                                    ("gpu_busy_seconds", "GPU time from steps' first kernels to their last",
                                     s.gpu_busy_seconds),

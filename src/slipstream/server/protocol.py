@@ -43,6 +43,7 @@ class Delta(msgspec.Struct, tag=True):
     completion_tokens: int = 0  # the choice's tokens so far
     finish_reason: str | None = None  # set on a choice's last delta
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt's, found in the prefix cache
     logprobs: list[TokenLogprob] | None = None  # the tokens committed since the choice's last delta
     objects: list[dict] | None = None  # point / detect: the points or boxes
     error: str | None = None  # the request failed: `invalid` says whether its input was at fault
@@ -58,7 +59,8 @@ class Ready(msgspec.Struct, tag=True):
 
 
 class Stats(msgspec.Struct, tag=True):
-    """LLM.stats() of the engine: KV pages, requests running and waiting, steps so far, and with
+    """LLM.stats() of the engine: KV pages (and those the prefix cache keeps), requests running and
+    waiting, steps so far, prompt tokens admitted and found cached, and with
     step timing on, GPU busy and idle seconds over the timed steps and idle per step by bucket
     (profiler.IDLE_BUCKETS)."""
     kv_pages_total: int
@@ -67,6 +69,9 @@ class Stats(msgspec.Struct, tag=True):
     waiting: int
     prefill_steps: int
     decode_steps: int
+    kv_pages_cached: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
     timed_steps: int = 0
     gpu_busy_seconds: float = 0.0
     gpu_idle_seconds: float = 0.0
@@ -91,6 +96,7 @@ def merge(batch: list[Delta]) -> list[Delta]:
         if d.logprobs:
             m.logprobs = (m.logprobs or []) + d.logprobs
         if d.finish_reason is not None or d.error is not None:
-            m.finish_reason, m.prompt_tokens, m.objects = d.finish_reason, d.prompt_tokens, d.objects
+            m.finish_reason, m.prompt_tokens, m.cached_tokens = d.finish_reason, d.prompt_tokens, d.cached_tokens
+            m.objects = d.objects
             m.error, m.invalid = d.error, d.invalid
     return list(merged.values())

@@ -31,6 +31,7 @@ class Choices:
         self.finish: list[str | None] = [None] * n
         self.tokens = [0] * n
         self.prompt_tokens = 0
+        self.cached_tokens = 0
         self.objects: list[dict] | None = None
 
     def add(self, delta: Delta) -> None:
@@ -40,13 +41,14 @@ class Choices:
         self.tokens[i] = max(self.tokens[i], delta.completion_tokens)
         if delta.finish_reason is not None:
             self.finish[i] = delta.finish_reason
-            self.prompt_tokens = delta.prompt_tokens
+            self.prompt_tokens, self.cached_tokens = delta.prompt_tokens, delta.cached_tokens
             self.objects = delta.objects
 
     def usage(self) -> dict[str, int]:
         completion = sum(self.tokens)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
+                "total_tokens": self.prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 def _finish_reason(reason: str | None) -> str | None:

@@ -12,6 +12,7 @@ travel."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import math
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class ImageCrops:
     tiling: tuple[int, int]
     size: tuple[int, int]  # the original (width, height)
     plans: tuple[torch.Tensor, ...]
+    digest: bytes = b""  # a hash of the pixels: the prefix cache's key for this image's prefix
 
     @property
     def count(self) -> int:
@@ -107,7 +109,9 @@ def prepare_image(image: Image.Image, cfg: VisionConfig) -> ImageCrops:
     th, tw = select_tiling(h - 2 * margin, w - 2 * margin, window, cfg.max_crops)
     tiled_w, tiled_h = tw * window + 2 * margin, th * window + 2 * margin
     plans = tuple(torch.from_numpy(resize_plan(n, out)) for n, out in ((w, c), (h, c), (w, tiled_w), (h, tiled_h)))
-    return ImageCrops(torch.from_numpy(np.array(image)), (th, tw), (w, h), plans)
+    pixels = np.ascontiguousarray(np.array(image))
+    digest = hashlib.blake2b(pixels.data, digest_size=16, person=f"{w}x{h}".encode()[:16]).digest()
+    return ImageCrops(torch.from_numpy(pixels), (th, tw), (w, h), plans, digest)
 
 
 @functools.lru_cache(maxsize=256)
