@@ -127,3 +127,22 @@ def test_step_clock_reads_the_device_timeline(tiny_llama):
         assert stats["timed_steps"] == stats["steps"] and stats["gpu_busy_seconds"] > 0
         idle[mode] = stats["gpu_idle_seconds"] / sum(stats["gpu_idle_counts"])
     assert idle["pipelined"] < idle["blocking"], idle
+
+
+def test_cuda_lora_rows_match_peft_with_and_without_graphs(tiny_llama, tmp_path):
+    """Decode graphs (the rows' adapter slots a step input), prefill steps and eager forwards all
+    give transformers + peft's answer for rows under an adapter beside rows under none."""
+    pytest.importorskip("peft")
+    from test_lora import LLAMA_MODULES, make_adapter
+
+    ref = make_adapter(tiny_llama, tmp_path / "ad", 8, LLAMA_MODULES, seed=4)
+    prompts = [[5, 6, 7], list(range(10, 40)), [9], [3, 4]]
+    names = ["ad", None, "ad", None]
+    for graphs in (True, False):
+        with cuda_llm(tiny_llama, cuda_graphs=graphs, max_loras=2, max_lora_rank=8) as llm:
+            llm.load_lora("ad", str(tmp_path / "ad"))
+            outs = llm.generate(prompts, [SamplingParams(max_tokens=10, lora=n) for n in names])
+        for p, n, o in zip(prompts, names, outs):
+            model = ref if n else tiny_llama.hf
+            with torch.no_grad():
+                assert tie_aware_equal(model, p, o.token_ids, hf_greedy(model, p, 10, tiny_llama.eos_id))

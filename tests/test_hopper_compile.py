@@ -20,8 +20,9 @@ def test_every_kernel_compiles_for_sm90():
     run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     compiled = run.stdout.split()
-    for kernel in ("_skinny_linear_kernel", "_paged_decode_kernel", "_norm_kernel", "_sample_kernel", "_store_kv_kernel",
-                   "_packed_attention_kernel", "_swiglu_kernel", "_gelu_columns_kernel"):
+    for kernel in ("_skinny_linear_kernel", "_paged_decode_kernel", "_norm_kernel", "_sample_kernel",
+                   "_store_kv_kernel", "_packed_attention_kernel", "_swiglu_kernel", "_gelu_columns_kernel",
+                   "_shrink_kernel", "_expand_kernel"):
         assert kernel in compiled, compiled
 
 
@@ -62,6 +63,7 @@ def main() -> None:
     import slipstream.kernels as kernels
     from slipstream.kernels import paged_decode
     from slipstream.kernels.linear import PendingSum
+    from slipstream.kernels.lora import lora_add_triton
     from slipstream.kernels.activation import gelu_columns, swiglu
     from slipstream.kernels.norm import add_rms_norm, layer_norm, rms_norm
     from slipstream.kernels.packed_attention import packed_attention, store_kv
@@ -98,6 +100,7 @@ def main() -> None:
     paged_decode.paged_decode_attention(mk(32, 32, 64), *mha_pages, table, lens, 0.125,
                                         new_token=(mk(32, 32, 64), mk(32, 32, 64), cos[..., :32], sin[..., :32], slots))
     swiglu(mk(512, 9728))
+    lora_add_triton(mk(32, 1152), x, mk(9, 48, 896), mk(9, 1152, 48), mk(9, dtype=torch.int32), torch.arange(32))
     gelu_columns(mk(512, 14336), "gelu_tanh", 6144, out=mk(512, 16384)[:, :14336])
     tokens, programs = torch.arange(512), torch.zeros(7, 600, dtype=torch.int64)
     qkv = mk(512, 18, 64)  # a Qwen prefill step's projected q/k/v: strided views

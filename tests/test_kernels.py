@@ -533,3 +533,28 @@ def test_gelu_columns_kernel_is_gelu_of_the_trailing_columns_into_a_strided_buff
     bf16_tol = 8e-3 if DEVICE == "cuda" else 2e-2
     torch.testing.assert_close(wide[:, :n].cpu(), want, rtol=1e-5 if dtype == torch.float32 else bf16_tol, atol=1e-5)
     assert (wide[:, n:] == 5).all()
+
+
+@pytest.mark.parametrize("t,k,n", [(5, 64, 96), (70, 100, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lora_kernels_add_each_rows_adapter_and_leave_rows_without_one(t, k, n, dtype):
+    """Rows of three adapters (ranks 16, 5 and 33 of stacks sized 48) and rows of none, in any
+    order, x a strided view: the shrink and expand add what the torch reference adds, over each
+    slot's own rank only, and rows of slot 0 are left as they were."""
+    from slipstream.kernels.lora import lora_add_reference, lora_add_triton
+
+    g = torch.Generator().manual_seed(t)
+    a = (torch.randn(4, 48, k, generator=g) * 0.1).to(dtype)
+    b = (torch.randn(4, n, 48, generator=g) * 0.1).to(dtype)
+    ranks = torch.tensor([0, 16, 5, 33], dtype=torch.int32)
+    a[2, 5:] = float("nan")  # (past a slot's rank nothing is read)
+    slots = torch.randint(0, 4, (t,), generator=g)
+    wide = torch.randn(t, k + 9, generator=g).to(dtype)
+    base = torch.randn(t, n, generator=g).to(dtype)
+    want = lora_add_reference(base.clone(), wide[:, :k], a, b, ranks, slots)
+    got = lora_add_triton(base.clone().to(DEVICE), wide.to(DEVICE)[:, :k], a.to(DEVICE), b.to(DEVICE),
+                          ranks.to(DEVICE), slots.to(DEVICE)).cpu()
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, want, **tol)
+    assert torch.equal(got[slots == 0], base[slots == 0])
+    assert not torch.isnan(got).any()

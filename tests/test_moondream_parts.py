@@ -134,4 +134,4 @@ def test_the_host_state_machine_builds_points_and_boxes_and_stops():
 
 def test_query_doubles_the_answer_id_and_settings_have_the_reference_defaults():
     assert query_prompt(MoondreamConfig().tokenizer, [77, 78]) == [1, 15381, 2, 77, 78, 3, 3]
-    assert settings_dict(None) == {"temperature": 0.5, "top_p": 0.3, "max_tokens": 768, "max_objects": 50}
+    assert settings_dict(None) == {"temperature": 0.5, "top_p": 0.3, "max_tokens": 768, "max_objects": 50, "lora": None}

@@ -214,3 +214,26 @@ def test_step_timing_can_be_left_out():
         assert "slipstream_gpu_idle_per_step_seconds_count" not in metric_values(url)
     finally:
         stop_server(proc)
+
+
+def test_a_lora_adapter_is_served_as_a_model_of_its_name(tmp_path):
+    from slipstream.lora.adapter import write_random_adapter
+
+    with LLM(MODEL, device="cpu", max_num_seqs=2, max_loras=1) as offline:
+        path = write_random_adapter(offline.core.lora.targets, tmp_path / "ad", rank=8, scale=0.3)
+        offline.load_lora("ad", str(path))
+        want = offline.generate("The sea is", SamplingParams(max_tokens=8, lora="ad"))[0].text
+        base = offline.generate("The sea is", SamplingParams(max_tokens=8))[0].text
+    assert want != base
+    proc, url = start_server(MODEL, "--lora", f"ad={path}")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == [MODEL, "ad"]
+        for model, text in (("ad", want), (MODEL, base)):
+            out = client.completions.create(model=model, prompt="The sea is", max_tokens=8, temperature=0)
+            assert out.choices[0].text == text
+        with pytest.raises(openai.NotFoundError) as e:
+            client.completions.create(model="nope", prompt="x", max_tokens=2)
+        assert e.value.body["param"] == "model"
+    finally:
+        stop_server(proc)

@@ -64,11 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--max-num-seqs", type=int, default=256)
     v.add_argument("--max-model-len", type=int, default=None)
     v.add_argument("--max-prefill-tokens", type=int, default=None, help="the per-step token budget")
-    v.add_argument("--max-prefill-chunk", type=int, default=None, help="prompt tokens a step carries beside decode rows")
+    v.add_argument("--max-prefill-chunk", type=int, default=None,
+                   help="prompt tokens a step carries beside decode rows")
     v.add_argument("--no-cuda-graphs", action="store_true", help="run every step eagerly")
     v.add_argument("--no-prefix-caching", action="store_true", help="reuse no KV across requests")
     v.add_argument("--no-step-timing", action="store_true",
                    help="leave out the GPU busy/idle counters of /metrics (two CUDA events a step)")
+    v.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="a LoRA adapter (PEFT's format) to serve as model NAME; repeatable")
+    v.add_argument("--max-loras", type=int, default=None, help="LoRA slots (default: as many as --lora gives)")
+    v.add_argument("--max-lora-rank", type=int, default=16)
     v.add_argument("--max-in-flight", type=int, default=4096,
                    help="requests served at once; one more gets 429 with Retry-After")
 
@@ -118,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--temperature", type=float, default=0.0,
                    help="decode workload: sample at this temperature (one seed per stream) instead of greedy")
     b.add_argument("--top-p", type=float, default=1.0, help="with --temperature: sample from this nucleus")
+    b.add_argument("--lora", type=int, default=0,
+                   help="decode workload: also with this many random LoRA adapters over the streams (and none)")
+    b.add_argument("--lora-rank", type=int, default=16, help="with --lora: the adapters' rank")
     b.add_argument("--profile", action="store_true",
                    help="GPU: per-step forward/sampling/bookkeeping/idle split and a PNG timeline")
     b.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -186,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             from .bench.decode import run
 
             run(args.model, args.streams, args.mode, args.prompt_tokens, args.max_tokens, args.device, args.dtype,
-                args.out, workloads[0], args.profile, args.constrained or [1.0], args.temperature, args.top_p, engine)
+                args.out, workloads[0], args.profile, args.constrained or [1.0], args.temperature, args.top_p, engine,
+                args.lora, args.lora_rank)
         else:
             raise ValueError(f"--workload: one of decode, short, zombie, constrained, or traffic workloads from "
                              f"{', '.join(TRAFFIC)}, or Moondream workloads from {', '.join(SKILL_WORKLOADS)}; got "
@@ -257,7 +266,15 @@ def _serve(args) -> int:
     for name in ("tokenizer", "max_model_len", "max_prefill_tokens", "max_prefill_chunk"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
-    app = build_app(EngineClient(args.model, options), args.api_key, args.max_in_flight)
+    loras = {}
+    for item in args.lora:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora takes NAME=PATH, got {item!r}")
+        loras[name] = path
+    options["max_loras"] = len(loras) if args.max_loras is None else args.max_loras
+    options["max_lora_rank"] = args.max_lora_rank
+    app = build_app(EngineClient(args.model, options, loras), args.api_key, args.max_in_flight)
     logging.getLogger("slipstream").info("loading %s in the engine process; serving on http://%s:%d/v1",
                                          args.model or "the embedded model", args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)

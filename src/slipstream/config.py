@@ -59,6 +59,8 @@ class EngineConfig:
     # requests' inter-token latency while prompts arrive (steps with nothing decoding use the whole budget)
     cpu_kv_bytes: int = 1 << 30
     cuda_graphs: bool = True
+    max_loras: int = 0  # LoRA adapter slots on the device (0: no LoRA); one step serves rows of any of them
+    max_lora_rank: int = 16  # the largest rank an adapter's module may have
     enable_prefix_caching: bool = True  # full pages of KV found by a hash of their tokens and reused (kv_cache.py)
     step_timing: bool = False  # GPU busy and idle time per step in stats() (profiler.StepClock; the server's
     # /metrics): two timing events a step
@@ -74,6 +76,9 @@ class EngineConfig:
             raise ValueError(f"num_pages must be >= 2 (one is the scratch page), got {self.num_pages}")
         if not 0.0 < self.kv_memory_fraction < 1.0:
             raise ValueError(f"kv_memory_fraction must be in (0, 1), got {self.kv_memory_fraction}")
+        if self.max_loras < 0 or self.max_lora_rank < 1:
+            raise ValueError(f"max_loras must be >= 0 and max_lora_rank >= 1, got {self.max_loras} and "
+                             f"{self.max_lora_rank}")
         if self.max_prefill_chunk < 1:
             raise ValueError(f"max_prefill_chunk must be >= 1, got {self.max_prefill_chunk}")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < self.max_num_seqs:

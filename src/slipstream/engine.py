@@ -77,13 +77,18 @@ class EngineCore:
             from .models.moondream.heads import MoondreamHeads
 
             heads = MoondreamHeads(self.moondream, net, ckpt.parts, cfg.max_num_seqs, cfg.dtype, cfg.device)
+        self.lora = None  # the LoRA slots (made before the KV cache, which takes the memory left)
+        if cfg.max_loras:
+            from .lora.bank import LoraBank
+
+            self.lora = LoraBank(net.model.layers, cfg.max_loras, cfg.max_lora_rank, cfg.dtype, cfg.device)
         del ckpt
         self.pool = PagePool(self._num_pages(), cfg.page_size, cfg.enable_prefix_caching)
         kv = KVCache(mc.num_layers, self.pool.num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, cfg.dtype,
                      cfg.device)
         pages_per_seq = self.pool.pages_for(self.max_model_len + 1)
         self.runner = ModelRunner(net, kv, self.layer, cfg.max_num_seqs, cfg.step_tokens, pages_per_seq,
-                                  cfg.cuda_graphs, heads)
+                                  cfg.cuda_graphs, heads, self.lora)
         if cfg.step_timing:
             self.runner.clock = StepClock(self.layer)
         self.scheduler = Scheduler(self.runner, self.pool, cfg.depth, cfg.max_num_seqs, cfg.step_tokens,
@@ -128,8 +133,13 @@ class EngineCore:
         if pages > self.pool.total:
             raise ValueError(f"request needs {pages} KV pages (prompt + max_tokens), the cache has "
                              f"{self.pool.total}; lower max_tokens or give the cache more memory")
-        if self.pool.caching:
-            seq.page_keys = chain_keys(ids, self.pool.page_size)
+        if params.lora is not None:  # (last: a request refused above holds no slot)
+            if self.lora is None:
+                raise ValueError(f"lora={params.lora!r} asked for, but this engine has no LoRA slots; build it with "
+                                 f"LLM(..., max_loras=N) and load_lora the adapter")
+            seq.lora_slot, seq.lora_id = self.lora.acquire(params.lora)
+        if self.pool.caching:  # (an adapter's KV is its own: its id roots the chain)
+            seq.page_keys = chain_keys(ids, self.pool.page_size, salt=seq.lora_id)
         return seq
 
     def make_image_sequence(self, prefix: ImagePrefix, prompt_ids: list[int], params: SamplingParams, skill: int,
@@ -137,10 +147,17 @@ class EngineCore:
         """A Moondream request: the image prefix (BOS + 729 image positions) then `prompt_ids`, under a
         skill code (and point/detect's state machine)."""
         seq = self.make_sequence([self.moondream.tokenizer.bos_id] * prefix.length + prompt_ids, params, on_token)
+        if prefix.lora_id is None:
+            prefix.lora_id = seq.lora_id
+        elif prefix.lora_id != seq.lora_id:
+            if seq.lora_slot:
+                self.lora.release(seq.lora_slot)
+            raise ValueError("this encoded image's prefix was computed under another LoRA adapter (or none); "
+                             "encode the image again for this one")
         seq.prefix, seq.skill, seq.spatial = prefix, skill, spatial
         if self.pool.caching:  # (the prefix's positions are placeholders: the image's digest tells them apart)
-            seq.page_keys = chain_keys(seq.prompt_ids, self.pool.page_size, extra=prefix.crops.digest,
-                                       extra_until=prefix.length)
+            seq.page_keys = chain_keys(seq.prompt_ids, self.pool.page_size, salt=seq.lora_id,
+                                       extra=prefix.crops.digest, extra_until=prefix.length)
         return seq
 
     def _constraint(self, params: SamplingParams) -> TokenConstraint | None:
@@ -181,7 +198,8 @@ class EngineCore:
     def output(self, seq: Sequence) -> RequestOutput:
         first = seq.first_token_time
         return RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=seq.prompt_ids[seq.prompt_start:], token_ids=list(seq.output_ids),
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_ids[seq.prompt_start:],
+            token_ids=list(seq.output_ids),
             text=seq.text.text, finish_reason=seq.finish_reason,
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
             objects=list(seq.spatial.objects) if seq.spatial is not None else None, cached_tokens=seq.cached_tokens,
@@ -197,6 +215,7 @@ class EngineCore:
                 "steps": sum(sched.steps.values()), "prefill_steps": sched.steps["prefill"],
                 "decode_steps": sched.steps["decode"], "cuda_graphs": len(self.runner.graphs or ()),
                 "graph_memory_bytes": self.runner.graphs.memory_bytes if self.runner.graphs else 0,
+                "loras": self.lora.names() if self.lora else [],
                 **self._clock_stats()}
 
     def _clock_stats(self) -> dict[str, Any]:
@@ -305,6 +324,21 @@ class LLM(MoondreamAPI):
         template (tokenizer_config.json or GGUF metadata)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         return self.generate([self.core.render_chat(c) for c in conversations], params)
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Load a LoRA adapter in PEFT's format (adapter_config.json + adapter_model.safetensors) under
+        `name`, for `SamplingParams(lora=name)`: read, checked and copied into a free slot here, on
+        the caller's thread. Bad adapters (unknown modules, wrong shapes, a rank above max_lora_rank)
+        raise ValueError."""
+        if self.core.lora is None:
+            raise ValueError("this engine has no LoRA slots; build it with LLM(..., max_loras=N)")
+        self.core.lora.load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """Forget an adapter (its slot freed); refused while requests under it run."""
+        if self.core.lora is None:
+            raise ValueError("this engine has no LoRA slots")
+        self.core.lora.unload(name)
 
     def abort(self, request_id: int) -> None:
         """Abort a request; its result (finish_reason 'abort') is still delivered."""

@@ -75,10 +75,12 @@ def token_buckets(max_tokens: int) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCache, layer: DeviceLayer, max_num_seqs: int,
-                 max_step_tokens: int, max_pages_per_seq: int, cuda_graphs: bool, heads=None) -> None:
-        """`heads`: Moondream 2's vision and region work (models/moondream/heads.py), None for text models."""
+                 max_step_tokens: int, max_pages_per_seq: int, cuda_graphs: bool, heads=None, lora=None) -> None:
+        """`heads`: Moondream 2's vision and region work (models/moondream/heads.py), None for text models;
+        `lora`: the engine's LoraBank, None without LoRA slots."""
         self.model = model
         self.heads = heads
+        self.lora = lora
         self.kv = kv
         self.layer = layer
         self.page_size = kv.page_size
@@ -107,6 +109,7 @@ class ModelRunner:
         self.row_penalized = np.zeros(max_num_seqs + 1, dtype=bool)
         self.row_logprobs = np.full(max_num_seqs + 1, -1, dtype=np.int64)  # top-n asked for, -1: none
         self.row_skill = np.zeros(max_num_seqs + 1, dtype=np.int64)  # Moondream skill codes (skills.Skill)
+        self.row_lora = np.zeros(max_num_seqs + 1, dtype=np.int64)  # each row's LoRA slot (0: none)
         # penalty state per row, kept on the device and advanced by sampling itself (see apply_penalties)
         self.counts = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.int32, device=layer.device)
         self.prompt_mask = torch.zeros(max_num_seqs + 1, self.vocab_size, dtype=torch.bool, device=layer.device)
@@ -128,7 +131,7 @@ class ModelRunner:
         if cuda_graphs and layer.is_cuda and heads is not None:
             from .models.moondream.graphs import ImageGraphs
 
-            self.image_graphs = ImageGraphs(heads, kv, layer.compute_stream)
+            self.image_graphs = ImageGraphs(heads, kv, layer.compute_stream, lora)
         if layer.is_cuda and not self.prefill_captured:
             self._warm_up(token_buckets(max_step_tokens)[:4])
 
@@ -141,11 +144,14 @@ class ModelRunner:
                 self.packed_forward(self.slots[0], n, self.logit_rows(n))
         torch.cuda.synchronize()
 
-    def bind_row(self, row: int, pages: list[int], params: SamplingParams, seed: int, skill: int = 0) -> None:
+    def bind_row(self, row: int, pages: list[int], params: SamplingParams, seed: int, skill: int = 0,
+                 lora: int = 0) -> None:
         """A sequence admitted at `row` holds these pages until the row is released; its sampling
-        parameters (and Moondream skill code) are fixed, so each step stages its rows' by one gather a field."""
+        parameters (Moondream skill code, LoRA slot) are fixed, so each step stages its rows' by one
+        gather a field."""
         self.row_pages[row, : len(pages)] = pages
         self.row_skill[row] = skill
+        self.row_lora[row] = lora
         for name in _PER_ROW_PARAMS:
             self.row_params[name][row] = getattr(params, name)
         self.row_params["seeds"][row] = seed
@@ -178,6 +184,8 @@ class ModelRunner:
         for name, table in self.row_params.items():
             h[name][:rows] = table[held]
         skills = self.row_skill[held]
+        if self.lora is not None and step.kind == "decode":
+            h["lora"][:rows] = self.row_lora[held]
         h["skill"][:rows] = skills
         slot.flags = SamplingFlags(bool((h["temperature"][:rows] > 0).any()), bool(self.row_filtered[held].any()),
                                    bool(self.row_penalized[held].any()), _largest_logprobs(self.row_logprobs[held]),
@@ -229,12 +237,17 @@ class ModelRunner:
                               plans=tuple(plan.to(dev, non_blocking=True) for plan in p.crops.plans))
                       for p in prefixes]
             if self.image_graphs is not None:
-                for i, image in enumerate(images):
+                for i, (image, prefix) in enumerate(zip(images, prefixes)):
                     make_crops(image, vision, out=self.image_graphs.crops[:image.count])
-                    self.image_graphs.prefill(image.tiling, slots[i * PREFIX_LEN:(i + 1) * PREFIX_LEN])
+                    own = slots[i * PREFIX_LEN:(i + 1) * PREFIX_LEN]
+                    self.image_graphs.prefill(image.tiling, own, prefix.lora_slot)
             else:
+                lora = None
+                if self.lora is not None:  # (an image's prefix is computed under its requests' adapter)
+                    per_image = torch.tensor([p.lora_slot for p in prefixes], dtype=torch.int64)
+                    lora = self.lora.rows(per_image.repeat_interleave(PREFIX_LEN).to(dev, non_blocking=True))
                 self.heads.prefill_images(torch.cat([make_crops(image, vision) for image in images]),
-                                          [image.tiling for image in images], slots, self.kv)
+                                          [image.tiling for image in images], slots, self.kv, lora)
         for src, dst in step.page_copies:
             self.kv.data[:, :, dst].copy_(self.kv.data[:, :, src])
 
@@ -276,6 +289,8 @@ class ModelRunner:
         for s, (a, n), t in zip(seqs[n_dec:], step.chunks, query_start[n_dec:-1]):
             h["ids"][t:t + n] = s.prompt_ids[a:a + n]
         self._pad_tokens(h, slice(tokens, padded))
+        if self.lora is not None:
+            h["lora"][:tokens] = np.repeat(self.row_lora[rows], lens)
         final = np.ones(n_seqs, bool)
         final[n_dec:] = [a + n == len(s.prompt_ids) for s, (a, n) in zip(seqs[n_dec:], step.chunks)]
         n_sampled = len(step.sampled)
@@ -307,14 +322,18 @@ class ModelRunner:
                                d["decode_lens"][:self.logit_rows(tokens) if self.decode_rows_apart else 0],
                                slot.host_lens)
         return self.model(ids, d["positions"][:tokens], attn, self.kv, d["logits_index"][:logit_rows],
-                          slot.logits_buffer, slot.hidden)
+                          slot.logits_buffer, slot.hidden, self._lora_rows(d, tokens))
 
     def decode_forward(self, slot: DecodeSlot, rows: int, width: int) -> torch.Tensor:
         """The decode forward over the slot's staged metadata (eager, or inside a graph capture)."""
         d = slot.dev
         attn = AttentionInputs(d["slot_mapping"][:rows], d["page_table"][:rows, :width], d["context_lens"][:rows])
         return self.model(self.last_tokens[d["rows"][:rows]], d["positions"][:rows], attn, self.kv, None,
-                          slot.logits_buffer, slot.hidden)
+                          slot.logits_buffer, slot.hidden, self._lora_rows(d, rows))
+
+    def _lora_rows(self, d: dict[str, torch.Tensor], tokens: int):
+        """Each token's adapter slot, on the device (a step input of the captured graphs too)."""
+        return None if self.lora is None else self.lora.rows(d["lora"][:tokens])
 
     def greedy_tail(self, slot: DecodeSlot, rows: int, logits: torch.Tensor) -> None:
         """Greedy sampling as captured in the fused graphs: argmax (on CUDA the sampling kernel, half
@@ -346,8 +365,9 @@ class ModelRunner:
         self.layer.upload(slot.meta_dev, slot.meta_host)
 
     def _pad_tokens(self, h: dict[str, np.ndarray], pad: slice) -> None:
-        """Padding tokens of a prefill step: token 0 at position 0, its KV into the scratch page."""
+        """Padding tokens of a prefill step: token 0 at position 0, its KV into the scratch page, no adapter."""
         h["ids"][pad], h["positions"][pad], h["slot_mapping"][pad] = 0, 0, SCRATCH_PAGE * self.page_size
+        h["lora"][pad] = 0
 
     def _pad_rows(self, h: dict[str, np.ndarray], pad: slice, width: int) -> None:
         h["positions"][pad] = 0

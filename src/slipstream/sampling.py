@@ -52,7 +52,7 @@ class SamplingParams:
     Structured output (at most one): `json_schema` (dict or JSON text), `json_object` (any JSON
     object), `regex`, `choice` (a list of strings), `grammar` (EBNF). Outputs are valid by
     construction; JSON uses compact separators. A bad schema, regex or grammar raises ValueError
-    at submit."""
+    at submit. `lora`: the name of a loaded LoRA adapter (LLM.load_lora) to decode under."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -73,6 +73,7 @@ class SamplingParams:
     choice: list[str] | None = None
     grammar: str | None = None
     constraint: Callable[[], TokenConstraint] | None = None  # a custom per-request constraint factory
+    lora: str | None = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str, value: object) -> None:
@@ -111,6 +112,8 @@ class SamplingParams:
         need(self.choice is None or (isinstance(self.choice, (list, tuple)) and self.choice
                                      and all(isinstance(c, str) and c for c in self.choice)),
              "choice must be a non-empty list of non-empty strings", self.choice)
+        need(self.lora is None or (isinstance(self.lora, str) and self.lora), "lora must be an adapter's name",
+             self.lora)
 
     @property
     def grammar_option(self) -> tuple[str, object] | None:

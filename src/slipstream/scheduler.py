@@ -21,7 +21,7 @@ decodes. Planning invariants (each has a test in tests/test_scheduler.py):
      the budget when it is new; it enters a step only first among the prompts or while the budget
      covers it, and its prompt's first chunk (up to `max_prefill_chunk` tokens) rides with it.
   4. Every sequence of a step holds one in-flight reference from the step's launch to its commit;
-     a sequence's row and pages are released only when it is finalized and holds none.
+     a sequence's row, pages and LoRA slot are released only when it is finalized and holds none.
   5. A step's masks are filled only after the previous step's tokens advanced every constraint
      (masks from committed state); the rest of that commit (text, stop checks, callbacks,
      finishing, releases), on the worker or not, is done before the tick ends, so the next plan
@@ -66,6 +66,8 @@ class ImagePrefix:
     holders: int = 0
     pages: list[int] = field(default_factory=list)
     keys: list[bytes] = field(default_factory=list)  # prefix caching: its pages' keys (the partial last one's own)
+    lora_slot: int = 0  # the slot of the adapter its prefix is computed under, when it is
+    lora_id: bytes | None = None  # that adapter's id, the same for every sequence on it (None: none built yet)
 
 
 @dataclass
@@ -102,6 +104,8 @@ class Sequence:
     page_keys: list[bytes] = field(default_factory=list)
     registered: int = 0
     cached_tokens: int = 0
+    lora_slot: int = 0  # the LoRA slot it holds from submit to release (0: none)
+    lora_id: bytes = b""  # its adapter's id (the prefix cache's salt)
 
     @property
     def prompt_start(self) -> int:
@@ -147,6 +151,7 @@ class Scheduler:
             if seq.request_id == request_id:
                 self.waiting.remove(seq)
                 self._finish(seq, "abort")
+                self._drop_lora(seq)
                 return
         seq = self.running.get(request_id)
         if seq is not None and not seq.finalized:
@@ -264,6 +269,7 @@ class Scheduler:
                     prefix.pages = cached_prefix
                 elif new_prefix:
                     prefix.pages = self.pool.allocate(self.pool.pages_for(prefix.length))
+                    prefix.lora_slot = seq.lora_slot  # (its adapter's slot now, held by this sequence)
                     images.append(prefix)
                     for page, key in zip(prefix.pages, prefix.keys):  # (the step writes them before any
                         self.pool.register(page, key)  # prompt of it reads them: admissions after this one share them)
@@ -282,7 +288,7 @@ class Scheduler:
             seq.cached_tokens = start - (prefix.length if new_prefix else 0)
             self.prompt_tokens += len(seq.prompt_ids)
             self.cached_tokens += seq.cached_tokens
-            self.runner.bind_row(seq.row, seq.pages, seq.params, seq.seed, seq.skill)
+            self.runner.bind_row(seq.row, seq.pages, seq.params, seq.seed, seq.skill, seq.lora_slot)
             self.running[seq.request_id] = seq
             n = min(budget, len(seq.prompt_ids) - start)
             chunked.append(seq)
@@ -422,6 +428,13 @@ class Scheduler:
             del self.running[seq.request_id]
             seq.pages, seq.row = [], -1
             seq.constraint = seq.prefix = None  # frees its matcher, its image
+            self._drop_lora(seq)
+
+    def _drop_lora(self, seq: Sequence) -> None:
+        """The sequence lets go of its LoRA slot: nothing in flight reads it for this sequence now."""
+        if seq.lora_slot:
+            self.runner.lora.release(seq.lora_slot)
+            seq.lora_slot = 0
 
     def release_prefix(self, prefix: ImagePrefix) -> None:
         """A holder of the image prefix is done with it (a sequence released, or its handle closed)."""

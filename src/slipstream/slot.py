@@ -1,6 +1,6 @@
 """DecodeSlot: every buffer one in-flight step needs, allocated once and reused.
 
-A step's host-side metadata (input ids, positions, KV slots, rows, page-table rows, the packed
+A step's host-side metadata (input ids, positions, KV slots, LoRA slots, rows, page-table rows, the packed
 attention's sequence starts, decode rows and program list, sampling parameters) is staged in one
 pinned int64 buffer and sent in one non-blocking copy; the device copy is cut into views at fixed
 offsets, and the logits land in a buffer of the slot's own, so the addresses never change between
@@ -16,7 +16,8 @@ from .sampling import MAX_LOGPROBS
 
 # (name, length in units of: T = max tokens per step, B = max rows (sequences) per step, B1 = B + 1,
 # G = the packed attention's program list (PROGRAM_FIELDS x its most programs), BP = B * max pages per row)
-_SECTIONS = (("ids", "T"), ("positions", "T"), ("slot_mapping", "T"), ("rows", "B"), ("context_lens", "B"),
+_SECTIONS = (("ids", "T"), ("positions", "T"), ("slot_mapping", "T"), ("lora", "T"), ("rows", "B"),
+             ("context_lens", "B"),
              ("decode_lens", "B"), ("query_start", "B1"), ("logits_index", "B"), ("seeds", "B"), ("token_index", "B"),
              ("top_k", "B"), ("temperature", "B"), ("top_p", "B"), ("min_p", "B"), ("repetition_penalty", "B"),
              ("presence_penalty", "B"), ("frequency_penalty", "B"), ("skill", "B"), ("programs", "G"),

@@ -8,6 +8,8 @@ hand-off of every text delta to a consumer thread, as a server would).
   other, so prefill and admission dominate (the point-and-detect case); reports requests/s.
 - zombie: outputs ended by a stop token (a zombie step follows) vs the same tokens ended by max_tokens.
 - constrained (json<fraction>): the decode workload with a fraction of streams under a JSON schema.
+- `lora` (lora<N>, lora-none): the decode workload in an engine with N LoRA slots, its streams under
+  N random adapters round-robin, and under none, beside the plain engine's decode rows.
 - `temperature` > 0 (sampled<T>, sampled<T>p<P> with `top_p` < 1): the decode workload drawing
   tokens at that temperature (from that nucleus), one seed per stream.
 On a GPU each run also measures copy bandwidth and reports the floor (DESIGN §5) beside each figure."""
@@ -77,16 +79,18 @@ JSON_BENCH_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}
 
 
 def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: int = 0,
-             constrained: float = 0.0, temperature: float = 0.0, top_p: float = 1.0) -> BenchResult:
+             constrained: float = 0.0, temperature: float = 0.0, top_p: float = 1.0,
+             loras: list[str] | None = None) -> BenchResult:
     """The decode workload; `constrained` is the fraction of streams under a JSON schema, the others
-    sample at `temperature` (0: greedy), from the nucleus `top_p`."""
+    sample at `temperature` (0: greedy), from the nucleus `top_p`; `loras`: stream i decodes under
+    adapter i mod len(loras)."""
     rng = random.Random(seed)
     vocab = llm.core.model_config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(streams)]
     n_json = round(constrained * streams)
     params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, json_schema=JSON_BENCH_SCHEMA)] * n_json
     params += [SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature, top_p=top_p,
-                              seed=i) for i in range(streams - n_json)]
+                              seed=i, lora=loras[i % len(loras)] if loras else None) for i in range(streams - n_json)]
     log = llm.core.scheduler.commit_log
     log.clear()
     consumer = Consumer()
@@ -96,7 +100,8 @@ def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: 
     wall = time.perf_counter() - t0
     consumer.close()
     nucleus = f"p{top_p:g}" if top_p < 1 else ""
-    label = f"json{constrained:g}" if constrained else f"sampled{temperature:g}{nucleus}" if temperature else "decode"
+    label = f"json{constrained:g}" if constrained else f"sampled{temperature:g}{nucleus}" if temperature else \
+        f"lora{len(loras)}" if loras else "decode"
     return _result(llm, label, streams, prompt_tokens, max_tokens, outs, wall)
 
 
@@ -192,16 +197,50 @@ def floor_ms(llm: LLM, streams: int, context: int, bandwidth: float) -> float:
     return (weights + streams * context * kv_per_token) / bandwidth * 1e3
 
 
+def run_lora_cases(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, adapters: int,
+                   rank: int) -> list[BenchResult]:
+    """In an engine with LoRA slots: `adapters` random adapters of `rank` over the streams
+    (round-robin), and the same streams under none (what the LoRA path costs rows without one)."""
+    import tempfile
+
+    from ..lora.adapter import write_random_adapter
+
+    names = [f"bench{i}" for i in range(adapters)]
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, name in enumerate(names):
+            if name not in llm.core.lora.names():
+                llm.load_lora(name, str(write_random_adapter(llm.core.lora.targets, Path(tmp) / name, rank, seed=i)))
+    adapted = run_case(llm, streams, prompt_tokens, max_tokens, loras=names)
+    llm.core.runner.profiler = None
+    none = run_case(llm, streams, prompt_tokens, max_tokens)
+    none.workload = "lora-none"
+    return [adapted, none]
+
+
 def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: int, max_tokens: int,
         device: str | None, dtype: str, out: Path | None, workload: str = "decode",
         profile: bool = False, constrained: list[float] | None = None, temperature: float = 0.0,
-        top_p: float = 1.0, engine_options: dict | None = None) -> list[BenchResult]:
-    """Run one workload for every mode and stream count; print a table, write JSON (and PNGs)."""
+        top_p: float = 1.0, engine_options: dict | None = None, lora: int = 0,
+        lora_rank: int = 16) -> list[BenchResult]:
+    """Run one workload for every mode and stream count; print a table, write JSON (and PNGs).
+    `lora` > 0 (the decode workload): each case also in an engine of that many LoRA slots, its
+    streams under that many random adapters of `lora_rank`, and under none."""
     results, profiles, floors, engine_stats = [], {}, {}, {}
     bar = tqdm(total=len(streams) * len(modes), desc="bench", unit="case")
     bandwidth = None
     for mode in modes:
-        llm = LLM(model, device=device, dtype=dtype, mode=mode, **{"max_num_seqs": max(streams), **(engine_options or {})})
+        options = {"max_num_seqs": max(streams), **(engine_options or {})}
+        if lora:
+            with LLM(model, device=device, dtype=dtype, mode=mode, max_loras=lora, max_lora_rank=lora_rank,
+                     **options) as adapted:
+                run_lora_cases(adapted, min(streams), prompt_tokens, 8, lora, lora_rank)  # (warm-up)
+                for n in streams:
+                    if profile and n == max(streams):  # (its first case: the rows under adapters)
+                        profiles[f"{mode} lora{lora}"] = adapted.core.runner.profiler = _new_profiler(adapted)
+                    results.extend(run_lora_cases(adapted, n, prompt_tokens, max_tokens, lora, lora_rank))
+                    adapted.core.runner.profiler = None
+                engine_stats[f"{mode} lora"] = adapted.stats()
+        llm = LLM(model, device=device, dtype=dtype, mode=mode, **options)
         try:
             if profile and not llm.core.layer.is_cuda:
                 raise ValueError("--profile reads CUDA events on the compute stream: it needs a CUDA device")

@@ -74,6 +74,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out)
 
 
+def activate(y: torch.Tensor, act: str, act_from: int = 0) -> torch.Tensor:
+    """The activation `linear` fuses, on its own, after something was added to the GEMM's output
+    (a LoRA delta): "swiglu" gives a new [rows, N / 2]; GELU runs in place on the columns from
+    `act_from` on and returns y."""
+    if act == "swiglu":
+        if triton_rows(y):
+            from .activation import swiglu
+
+            return swiglu(y)
+        gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
+        return F.silu(gate) * up
+    if triton_rows(y):
+        from .activation import gelu_columns
+
+        return gelu_columns(y, act, act_from, out=y)
+    tail = y[:, act_from:]
+    tail.copy_(F.gelu(tail, approximate="tanh" if act == "gelu_tanh" else "none"))
+    return y
+
+
 def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Rows [g0, u0, g1, u1, ...]: every output tile of the GEMM then holds matching gate and up
     features, so SwiGLU runs in its epilogue."""

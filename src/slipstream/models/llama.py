@@ -7,8 +7,9 @@ import torch
 from torch import nn
 
 from ..kernels.attention import AttentionInputs, Rope, rotary_paged_attention
-from ..kernels.linear import PendingSum, interleave_gate_up, linear
+from ..kernels.linear import PendingSum, activate, interleave_gate_up, linear
 from ..kv_cache import KVCache
+from ..lora.targets import ALL, LoraTarget, Part
 from .config import ModelConfig
 from .layers import RMSNorm, Rotary, frozen_linear, fuse_linears
 
@@ -36,12 +37,17 @@ class Attention(nn.Module):
         self.qkv_proj = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionInputs,
-                pages: tuple[torch.Tensor, torch.Tensor], residual: torch.Tensor) -> torch.Tensor | PendingSum:
-        """`residual` + attention of `x` (the sum left to the next norm where the skinny GEMM runs)."""
+    def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionInputs, pages: tuple[torch.Tensor, torch.Tensor],
+                residual: torch.Tensor, lora=None) -> torch.Tensor | PendingSum:
+        """`residual` + attention of `x` (the sum left to the next norm where the skinny GEMM runs);
+        `lora` (a layer's LayerLora): each row's adapter added to both projections."""
         qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        if lora is not None:
+            lora.add("qkv", qkv, x)
         o = self.attend(qkv, rope, attn, pages).flatten(1)
         out = getattr(self, self.out_name)
+        if lora is not None:
+            residual = lora.plus("o", residual, o)
         return linear(o, out.weight, out.bias, residual=residual, defer=True)
 
     def attend(self, qkv: torch.Tensor, rope: Rope, attn: AttentionInputs,
@@ -67,9 +73,15 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = frozen_linear(interleave_gate_up(g.weight, u.weight), bias)
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | PendingSum:
-        """`residual` + down(silu(gate) * up) (the sum left to the next norm where the skinny GEMM runs)."""
-        hidden = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, act="swiglu")
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, lora=None) -> torch.Tensor | PendingSum:
+        """`residual` + down(silu(gate) * up) (the sum left to the next norm where the skinny GEMM
+        runs); with `lora`, the adapters' deltas go in before the SwiGLU, which then runs apart."""
+        if lora is None:
+            hidden = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, act="swiglu")
+        else:
+            gate_up = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
+            hidden = activate(lora.add("gate_up", gate_up, x), "swiglu")
+            residual = lora.plus("down", residual, hidden)
         return linear(hidden, self.down_proj.weight, self.down_proj.bias, residual=residual, defer=True)
 
 
@@ -85,12 +97,24 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn.fuse()
         self.mlp.fuse()
 
+    def lora_targets(self) -> dict[str, LoraTarget]:
+        a, mlp = self.self_attn, self.mlp
+        q, kv, d = a.h * a.d, a.kvh * a.d, self.input_layernorm.weight.shape[0]
+        inter = mlp.down_proj.weight.shape[1]
+        return {"qkv": LoraTarget(d, q + 2 * kv, {"self_attn.q_proj": Part(ALL, slice(0, q)),
+                                                  "self_attn.k_proj": Part(ALL, slice(q, q + kv)),
+                                                  "self_attn.v_proj": Part(ALL, slice(q + kv, q + 2 * kv))}, 3),
+                "o": LoraTarget(q, d, {f"self_attn.{a.out_name}": Part()}),
+                "gate_up": LoraTarget(d, 2 * inter, {"mlp.gate_proj": Part(ALL, slice(0, 2 * inter, 2)),
+                                                     "mlp.up_proj": Part(ALL, slice(1, 2 * inter, 2))}, 2),
+                "down": LoraTarget(inter, d, {"mlp.down_proj": Part()})}
+
     def forward(self, x: torch.Tensor | PendingSum, rope: Rope, attn: AttentionInputs,
-                pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor | PendingSum:
+                pages: tuple[torch.Tensor, torch.Tensor], lora=None) -> torch.Tensor | PendingSum:
         """The residual stream in and out; each norm finishes the sum the GEMM before it left pending."""
         x, h = self.input_layernorm.add(x)
-        x, h = self.post_attention_layernorm.add(self.self_attn(h, rope, attn, pages, residual=x))
-        return self.mlp(h, residual=x)
+        x, h = self.post_attention_layernorm.add(self.self_attn(h, rope, attn, pages, residual=x, lora=lora))
+        return self.mlp(h, residual=x, lora=lora)
 
 
 class LlamaBackbone(nn.Module):
@@ -123,14 +147,15 @@ class CausalLM(nn.Module):
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionInputs, kv: KVCache,
                 logits_index: torch.Tensor | None, logits_out: torch.Tensor | None = None,
-                hidden_out: torch.Tensor | None = None) -> torch.Tensor:
+                hidden_out: torch.Tensor | None = None, lora=None) -> torch.Tensor:
         """Logits [rows, vocab] (fp32) for the tokens at `logits_index` (all tokens when None), into
         the first rows of `logits_out` when given; those rows' hidden states before the final norm
-        into `hidden_out` when given (Moondream's region heads read them)."""
+        into `hidden_out` when given (Moondream's region heads read them). `lora`: the step's
+        LoraRows (each token's adapter slot), None where the engine has no LoRA slots."""
         x = self.model.embed_tokens(ids)
         rope = self.rotary.table(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, attn, kv.layer(i))
+            x = layer(x, rope, attn, kv.layer(i), None if lora is None else lora.layer(i))
         norm = getattr(self.model, self.final_norm)
         normed = None
         if isinstance(x, PendingSum):  # (a decode-sized step on CUDA: the norm finishes the last layer's sum)

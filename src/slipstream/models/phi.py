@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from ..kernels.attention import AttentionInputs, Rope
-from ..kernels.linear import linear
+from ..kernels.linear import activate, linear
+from ..lora.targets import ALL, LoraTarget, Part
 from .config import ModelConfig
 from .layers import LayerNorm, frozen_linear, fuse_linears
 from .llama import Attention, CausalLM
@@ -41,15 +42,34 @@ class PhiDecoderLayer(nn.Module):
         self.out_proj = frozen_linear(torch.cat([m.fc2.weight, a.dense.weight], dim=1), m.fc2.bias + a.dense.bias)
         del a.q_proj, a.k_proj, a.v_proj, a.dense, self.mlp
 
+    def lora_targets(self) -> dict[str, LoraTarget]:
+        """HF Phi's module names, and Moondream's (`attn.qkv`, `attn.proj`) for the same parts."""
+        a, qkv, inter = self.self_attn, self.qkv_width, self.mlp_width
+        q, kv, d = a.h * a.d, a.kvh * a.d, self.input_layernorm.weight.shape[0]
+        mlp_in, attn_in = Part(slice(0, inter), ALL), Part(slice(inter, inter + q), ALL)
+        return {"in": LoraTarget(d, qkv + inter, {
+                    "self_attn.q_proj": Part(ALL, slice(0, q)), "self_attn.k_proj": Part(ALL, slice(q, q + kv)),
+                    "self_attn.v_proj": Part(ALL, slice(q + kv, qkv)), "attn.qkv": Part(ALL, slice(0, qkv)),
+                    "mlp.fc1": Part(ALL, slice(qkv, qkv + inter))}, 4, frozenset({"attn.qkv"})),
+                "out": LoraTarget(inter + q, d, {"mlp.fc2": mlp_in, "self_attn.dense": attn_in, "attn.proj": attn_in},
+                                  2, frozenset({"attn.proj"}))}
+
     def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionInputs,
-                pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                pages: tuple[torch.Tensor, torch.Tensor], lora=None) -> torch.Tensor:
         t = x.shape[0]
         split = self.qkv_width + self.mlp_width
         buf = torch.empty(t, split + x.shape[1], dtype=x.dtype, device=x.device)
-        linear(self.input_layernorm(x), self.in_proj.weight, self.in_proj.bias, act=self.act,
-               act_from=self.qkv_width, out=buf[:, :split])
+        h = self.input_layernorm(x)
+        if lora is None:
+            linear(h, self.in_proj.weight, self.in_proj.bias, act=self.act, act_from=self.qkv_width,
+                   out=buf[:, :split])
+        else:  # (the adapters' deltas go in before the GELU, which then runs apart)
+            linear(h, self.in_proj.weight, self.in_proj.bias, out=buf[:, :split])
+            activate(lora.add("in", buf[:, :split], h), self.act, self.qkv_width)
         a = self.self_attn
         a.attend(buf[:, : self.qkv_width], rope, attn, pages, out=buf[:, split:].view(t, a.h, a.d))
+        if lora is not None:
+            x = lora.plus("out", x, buf[:, self.qkv_width:])
         return linear(buf[:, self.qkv_width:], self.out_proj.weight, self.out_proj.bias, residual=x)
 
 

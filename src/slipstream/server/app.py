@@ -70,11 +70,22 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
             check_key(request)
         except _Refused as no:
             return no.response
-        return JSONResponse({"object": "list", "data": [{"id": engine.ready.model, "object": "model",
-                                                         "created": engine.started, "owned_by": "slipstream",
-                                                         "max_model_len": engine.ready.max_model_len,
-                                                         "vocab_size": engine.ready.vocab_size,
-                                                         "moondream": engine.ready.moondream}]})
+        ready = engine.ready
+        base = {"id": ready.model, "object": "model", "created": engine.started, "owned_by": "slipstream",
+                "max_model_len": ready.max_model_len, "vocab_size": ready.vocab_size, "moondream": ready.moondream}
+        adapters = [{**base, "id": name, "parent": ready.model} for name in ready.loras]
+        return JSONResponse({"object": "list", "data": [base, *adapters]})
+
+    def adapter(body: dict[str, Any]) -> str | None:
+        """The LoRA adapter the request's `model` names (None: the base model), or a 404."""
+        model = body.get("model")
+        if model is None or model == engine.ready.model:
+            return None
+        if model in engine.ready.loras:
+            return model
+        raise _Refused(error(404, f"the model {model!r} does not exist; this server serves "
+                                  f"{', '.join([engine.ready.model, *engine.ready.loras])}", param="model",
+                             kind="not_found_error"))
 
     async def serve(request: Request, handle: Callable[[dict[str, Any]], Awaitable[Response]]) -> Response:
         """Key, body and fields checked, then `handle(body)`; every refusal is an OpenAI-shaped error."""
@@ -111,14 +122,19 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
         async def handle(body: dict[str, Any]) -> Response:
             request_id = uuid.uuid4().hex
             ready = engine.ready
+            lora = adapter(body)
             image = chat_image_request(body, request_id) if chat else None
             if image is not None:
                 if not ready.moondream:
                     raise fields.FieldError("messages", "this model takes no images (image_url parts need a "
                                                         "Moondream 2 model)")
+                if lora is not None:
+                    image.settings["lora"] = lora
                 message, n, logprobs = image, 1, False
             else:
                 params = fields.sampling_fields(body, chat, ready.max_model_len)
+                if lora is not None:
+                    params["lora"] = lora
                 n, logprobs = fields.choices(body), "logprobs" in params
                 if chat:
                     message = Generate(request_id, messages=fields.chat_messages(body, ready.max_prompt_bytes),
@@ -151,6 +167,8 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
                     raise _Refused(error(404, f"/v1/{skill} needs a Moondream 2 model; this server runs "
                                               f"{engine.ready.model}"))
                 message = skill_request(skill, body, uuid.uuid4().hex)
+                if (lora := adapter(body)) is not None:
+                    message.settings["lora"] = lora
                 first, batches = await start(message)
                 if body.get("stream"):
                     return StreamingResponse(skill_stream(first, batches), media_type="text/event-stream")

@@ -24,8 +24,9 @@ class EngineDead(RuntimeError):
 
 
 class EngineClient:
-    def __init__(self, model: str | None, options: dict[str, Any]) -> None:
-        self.model, self.options = model, options
+    def __init__(self, model: str | None, options: dict[str, Any], loras: dict[str, str] | None = None) -> None:
+        """`loras`: adapters the engine loads at start, name -> path (served as those model names)."""
+        self.model, self.options, self.loras = model, options, dict(loras or {})
         self.ready: Ready | None = None
         self.stats: Stats | None = None  # the engine's latest (it sends them twice a second)
         self.dead: str | None = None
@@ -44,7 +45,7 @@ class EngineClient:
         self._outputs = self._ctx.socket(zmq.PULL)
         self._outputs.bind(outputs_addr)
         self._process = multiprocessing.get_context("spawn").Process(
-            target=run_engine, args=(self.model, self.options, requests_addr, outputs_addr), daemon=True,
+            target=run_engine, args=(self.model, self.options, self.loras, requests_addr, outputs_addr), daemon=True,
             name="slipstream-engine")
         self._process.start()
         deadline = asyncio.get_running_loop().time() + timeout

@@ -23,17 +23,21 @@ from ..scheduler import Sequence
 from .protocol import Abort, Delta, Generate, Ready, Skill, Stats, TokenLogprob, ToEngine
 
 
-def run_engine(model: str | None, options: dict[str, Any], requests_addr: str, outputs_addr: str) -> None:
-    """The engine process's entry point: load the model, say Ready, then serve until killed."""
+def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str], requests_addr: str,
+               outputs_addr: str) -> None:
+    """The engine process's entry point: load the model and its adapters, say Ready, then serve
+    until killed."""
     ctx = zmq.Context()
     outputs = ctx.socket(zmq.PUSH)
     outputs.connect(outputs_addr)
     encoder = msgspec.msgpack.Encoder()
     llm = LLM(model, **options)
+    for name, path in loras.items():
+        llm.load_lora(name, path)
     outputs.send(encoder.encode(Ready(model=model or "SmolLM2-135M-Instruct", max_model_len=llm.core.max_model_len,
                                       vocab_size=llm.core.model_config.vocab_size,
                                       max_prompt_bytes=llm.core.max_model_len * llm.tokenizer.max_token_bytes,
-                                      moondream=llm.core.moondream is not None)))
+                                      moondream=llm.core.moondream is not None, loras=list(loras))))
     outbox: queue.SimpleQueue[Delta] = queue.SimpleQueue()
     threading.Thread(target=_send_batches, args=(llm, outbox, outputs, encoder), daemon=True).start()
     requests = ctx.socket(zmq.PULL)

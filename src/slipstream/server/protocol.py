@@ -56,6 +56,7 @@ class Ready(msgspec.Struct, tag=True):
     vocab_size: int
     max_prompt_bytes: int  # longer prompt text cannot fit the context (tokens cover at most this many bytes)
     moondream: bool = False
+    loras: list[str] = []  # adapters served as models of these names
 
 
 class Stats(msgspec.Struct, tag=True):

@@ -99,7 +99,8 @@ class MoondreamAPI:
                 prompt = query_prompt(cfg.tokenizer, self.tokenizer.encode(argument))
             else:
                 raise ValueError("question must be a non-empty string")
-            params = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_tokens"])
+            params = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_tokens"],
+                                    lora=s["lora"])
             return self.core.make_image_sequence(self._prefix(image), prompt, params, Skill.TEXT, on_token=on_token)
         if skill not in ("point", "detect"):
             raise ValueError(f"unknown skill {skill!r}; Moondream 2's are caption, query, point and detect")
@@ -108,7 +109,7 @@ class MoondreamAPI:
         detect = skill == "detect"
         prompt = object_prompt(cfg.tokenizer, skill, self.tokenizer.encode(" " + argument))
         spatial = SpatialSkill(detect, s["max_objects"], cfg.tokenizer.eos_id)
-        params = SamplingParams(temperature=0.0, max_tokens=min(s["max_tokens"], spatial.max_steps()))
+        params = SamplingParams(temperature=0.0, max_tokens=min(s["max_tokens"], spatial.max_steps()), lora=s["lora"])
         return self.core.make_image_sequence(self._prefix(image), prompt, params,
                                              Skill.DETECT if detect else Skill.POINT, spatial, on_token)
 

@@ -21,17 +21,20 @@ def all_tilings(max_crops: int) -> list[tuple[int, int]]:
 
 
 class ImageGraphs:
-    def __init__(self, heads, kv, stream: torch.cuda.Stream) -> None:
+    def __init__(self, heads, kv, stream: torch.cuda.Stream, lora=None) -> None:
+        """`lora`: the engine's LoraBank (the prefix's adapter slot is then a graph input too)."""
         vision = heads.cfg.vision
         device = heads.spatial_state.device
         c = vision.crop_size
         self.crops = torch.zeros(1 + vision.max_crops, 3, c, c, dtype=torch.uint8, device=device)
         self.slots = torch.zeros(PREFIX_LEN, dtype=torch.int64, device=device)  # (slot 0: the scratch page)
+        self.lora_slots = torch.zeros(PREFIX_LEN, dtype=torch.int64, device=device)  # (0: no adapter)
+        rows = None if lora is None else lora.rows(self.lora_slots)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         tilings = all_tilings(vision.max_crops)
 
         def prefill(tiling: tuple[int, int]) -> None:
-            heads.prefill_images(self.crops[:1 + tiling[0] * tiling[1]], [tiling], self.slots, kv)
+            heads.prefill_images(self.crops[:1 + tiling[0] * tiling[1]], [tiling], self.slots, kv, rows)
 
         torch.cuda.synchronize()
         with torch.cuda.stream(stream):  # warm-up: kernels compiled, cuBLAS workspaces made
@@ -49,8 +52,9 @@ class ImageGraphs:
                 graph.replay()
         torch.cuda.synchronize()
 
-    def prefill(self, tiling: tuple[int, int], slots: torch.Tensor) -> None:
-        """One image's prefix, its crops already in `crops` (image.make_crops writes them there) and
-        its KV slots given (on the device), on the current (compute) stream."""
+    def prefill(self, tiling: tuple[int, int], slots: torch.Tensor, lora_slot: int = 0) -> None:
+        """One image's prefix, its crops already in `crops` (image.make_crops writes them there), its
+        KV slots given (on the device) and its adapter's slot, on the current (compute) stream."""
         self.slots.copy_(slots)
+        self.lora_slots.fill_(lora_slot)
         self.graphs[tiling].replay()

@@ -48,10 +48,10 @@ class MoondreamHeads(nn.Module):
 
     # ---- the image prefix -----------------------------------------------------------------
     def prefill_images(self, crops: torch.Tensor, tilings: list[tuple[int, int]], slot_mapping: torch.Tensor,
-                       kv) -> None:
+                       kv, lora=None) -> None:
         """Encode the crops of several images (one encoder forward) and prefill each image's prefix
         (BOS + its 729 embeddings, positions 0..729, every position attending to all of them) into
-        the KV slots `slot_mapping` [images * 730]."""
+        the KV slots `slot_mapping` [images * 730]; `lora` (LoraRows): each position's adapter."""
         images = self.vision(crops, tilings)
         n, dim = len(tilings), images.shape[-1]
         bos = self.text.model.embed_tokens.weight[self.bos].expand(n, 1, dim)
@@ -60,7 +60,7 @@ class MoondreamHeads(nn.Module):
         rope = self.text.rotary.table(positions, x.dtype)
         attn = AttentionInputs(slot_mapping, None, None, block_len=PREFIX_LEN)
         for i, layer in enumerate(self.text.model.layers):
-            x = layer(x, rope, attn, kv.layer(i))
+            x = layer(x, rope, attn, kv.layer(i), None if lora is None else lora.layer(i))
 
     # ---- the skills' rules around sampling -------------------------------------------------
     def ban_answer(self, logits: torch.Tensor, skill: torch.Tensor, token_index: torch.Tensor) -> None:

@@ -27,11 +27,12 @@ class Skill(enum.IntEnum):
 
 
 def settings_dict(settings: dict[str, Any] | None) -> dict[str, Any]:
-    """The moondream client's `settings` over the reference's defaults; unknown keys are errors."""
-    out = dict(DEFAULT_SETTINGS)
+    """The moondream client's `settings` over the reference's defaults, and slipstream's own `lora`
+    (a loaded adapter's name); unknown keys are errors."""
+    out = {**DEFAULT_SETTINGS, "lora": None}
     for key, value in (settings or {}).items():
-        if key not in DEFAULT_SETTINGS:
-            raise ValueError(f"unknown setting {key!r}; Moondream skills take {', '.join(DEFAULT_SETTINGS)}")
+        if key not in out:
+            raise ValueError(f"unknown setting {key!r}; Moondream skills take {', '.join(out)}")
         out[key] = value
     if not isinstance(out["max_objects"], int) or out["max_objects"] < 1:
         raise ValueError(f"max_objects must be a positive integer, got {out['max_objects']!r}")

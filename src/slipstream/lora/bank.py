@@ -1,0 +1,172 @@
+"""The engine's LoRA slots: per layer and fused projection, stacks A [slots + 1, capacity x rank, K]
+and B [slots + 1, N, capacity x rank] on the device (slot 0 is no adapter), the packed rank of each
+slot, and which adapter each slot holds.
+
+Adapters are loaded by name (read, checked and packed on the caller's thread) and kept on the host;
+a request names one and holds its slot from submit to release (`acquire` / `release`). An adapter
+not in a slot is copied into one when a request needs it — on the submitting thread, on a stream of
+its own, into a slot that no sequence holds (so no step in flight or queued reads it: a slot's last
+reader was a sequence's step, committed before its release) — evicting the least recently idle
+adapter. The step's rows carry their slots on the device (`rows`), so captured graphs serve any mix."""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from ..kernels.lora import lora_add
+from .adapter import PackedAdapter, read_adapter
+
+
+class LayerLora:
+    """One layer's stacks and the step's slot per token: what the layer's forward adds."""
+
+    def __init__(self, stacks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], slots: torch.Tensor) -> None:
+        self.stacks, self.slots = stacks, slots
+
+    def add(self, target: str, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """out += each row's adapter delta of `target` over x, in place; returns out."""
+        a, b, ranks = self.stacks[target]
+        return lora_add(out, x, a, b, ranks, self.slots[: x.shape[0]])
+
+    def plus(self, target: str, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """residual + each row's delta (a new tensor: the residual stream stays as it was)."""
+        return self.add(target, residual.clone(), x)
+
+
+class LoraRows:
+    def __init__(self, bank: "LoraBank", slots: torch.Tensor) -> None:
+        self.bank, self.slots = bank, slots
+
+    def layer(self, i: int) -> LayerLora:
+        return LayerLora(self.bank.stacks[i], self.slots)
+
+
+class LoraBank:
+    def __init__(self, layers, max_loras: int, max_rank: int, dtype: torch.dtype, device: torch.device) -> None:
+        """`layers`: the model's decoder layers (each says its `lora_targets`)."""
+        if max_loras < 1 or max_rank < 1:
+            raise ValueError(f"max_loras and max_lora_rank must be >= 1, got {max_loras} and {max_rank}")
+        self.max_loras, self.max_rank, self.dtype, self.device = max_loras, max_rank, dtype, device
+        self.targets = [layer.lora_targets() for layer in layers]
+        n = max_loras + 1
+        self.stacks = [{name: (torch.zeros(n, t.capacity * max_rank, t.in_features, dtype=dtype, device=device),
+                               torch.zeros(n, t.out_features, t.capacity * max_rank, dtype=dtype, device=device),
+                               torch.zeros(n, dtype=torch.int32, device=device))
+                        for name, t in targets.items()} for targets in self.targets]
+        self._adapters: dict[str, PackedAdapter] = {}
+        self._uids: dict[str, bytes] = {}
+        self._ids = itertools.count(1)
+        self._slot_of: dict[str, int] = {}
+        self._holder: list[str | None] = [None] * n
+        self._refs = [0] * n
+        self._idle: OrderedDict[int, None] = OrderedDict()  # slots holding an adapter nobody uses, oldest first
+        self._loading: set[str] = set()
+        self._cv = threading.Condition()
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self.stacks for st in layer.values() for t in st)
+
+    def names(self) -> list[str]:
+        with self._cv:
+            return list(self._adapters)
+
+    def load(self, name: str, path: str | Path) -> None:
+        """Read, check and pack the adapter, then copy it into a slot if one is free or idle."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a LoRA adapter needs a non-empty name, got {name!r}")
+        adapter = read_adapter(name, path, self.targets, self.max_rank, self.dtype)
+        with self._cv:
+            if name in self._adapters:
+                raise ValueError(f"a LoRA adapter named {name!r} is loaded already; unload_lora({name!r}) first")
+            self._adapters[name] = adapter
+            self._uids[name] = f"{name}#{next(self._ids)}".encode()
+        try:
+            slot, _ = self.acquire(name)
+            self.release(slot)
+        except ValueError:
+            pass  # (every slot serves running requests: it is copied in when a request needs it)
+
+    def unload(self, name: str) -> None:
+        with self._cv:
+            if name not in self._adapters:
+                raise ValueError(f"no LoRA adapter named {name!r} is loaded")
+            slot = self._slot_of.get(name)
+            if slot is not None and (self._refs[slot] or name in self._loading):
+                raise ValueError(f"LoRA adapter {name!r} serves requests still running; unload it once they end")
+            if slot is not None:
+                del self._slot_of[name]
+                self._holder[slot] = None
+                self._idle.pop(slot, None)
+            del self._adapters[name], self._uids[name]
+
+    def acquire(self, name: str) -> tuple[int, bytes]:
+        """The slot holding `name` (copied in first where it is not), held once more, and the
+        adapter's id (what the prefix cache keys its KV by)."""
+        with self._cv:
+            if name not in self._adapters:
+                loaded = ", ".join(self._adapters) or "none"
+                raise ValueError(f"no LoRA adapter named {name!r} is loaded (loaded: {loaded}); load_lora it first")
+            while name in self._loading:
+                self._cv.wait()
+            slot = self._slot_of.get(name)
+            if slot is not None:
+                self._refs[slot] += 1
+                self._idle.pop(slot, None)
+                return slot, self._uids[name]
+            free = next((s for s in range(1, self.max_loras + 1) if self._holder[s] is None), None)
+            if free is None:
+                if not self._idle:
+                    raise ValueError(f"all {self.max_loras} LoRA slots hold adapters of running requests; retry when "
+                                     f"one ends, or build the engine with more (max_loras)")
+                free, _ = self._idle.popitem(last=False)
+                del self._slot_of[self._holder[free]]
+            self._holder[free], self._slot_of[name], self._refs[free] = name, free, 1
+            self._loading.add(name)
+            adapter, uid = self._adapters[name], self._uids[name]
+        try:
+            self._copy(adapter, free)
+        finally:
+            with self._cv:
+                self._loading.discard(name)
+                self._cv.notify_all()
+        return free, uid
+
+    def release(self, slot: int) -> None:
+        """A sequence that held the slot is done (on the loop thread)."""
+        with self._cv:
+            self._refs[slot] -= 1
+            if self._refs[slot] == 0:
+                self._idle[slot] = None
+
+    def held(self, slot: int) -> int:
+        with self._cv:
+            return self._refs[slot]
+
+    def rows(self, slots: torch.Tensor) -> LoraRows:
+        return LoraRows(self, slots)
+
+    def _copy(self, adapter: PackedAdapter, slot: int) -> None:
+        """The adapter into the slot's rows of every stack (projections it leaves out: rank 0)."""
+        ranks = torch.zeros(len(self.stacks), max(len(s) for s in self.stacks), dtype=torch.int32)
+        for i, layer in enumerate(self.stacks):
+            for j, name in enumerate(layer):
+                ranks[i, j] = adapter.weights.get((i, name), (None, None, 0))[2]
+        context = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+        with context:
+            for i, layer in enumerate(self.stacks):
+                for j, (name, (a, b, r)) in enumerate(layer.items()):
+                    packed = adapter.weights.get((i, name))
+                    if packed is not None:
+                        a[slot].copy_(packed[0])
+                        b[slot].copy_(packed[1])
+                    r[slot].copy_(ranks[i, j])
+        if self._stream is not None:
+            self._stream.synchronize()
+
