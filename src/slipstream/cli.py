@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="a LoRA adapter (PEFT's format) to serve as model NAME; repeatable")
     v.add_argument("--max-loras", type=int, default=None, help="LoRA slots (default: as many as --lora gives)")
     v.add_argument("--max-lora-rank", type=int, default=16)
+    v.add_argument("--data-parallel", type=int, default=1,
+                   help="engine processes, one per GPU (or all on the CPU), behind one API process")
     v.add_argument("--max-in-flight", type=int, default=4096,
                    help="requests served at once; one more gets 429 with Retry-After")
 
@@ -254,11 +256,31 @@ def _generate(args) -> int:
     return 0
 
 
+def _engines(args, options: dict, loras: dict):
+    """One engine client, or `--data-parallel` of them, one per GPU (server/router.py)."""
+    from .server.client import EngineClient
+
+    n = args.data_parallel
+    if n == 1:
+        return EngineClient(args.model, options, loras)
+    if n < 1:
+        raise ValueError(f"--data-parallel must be >= 1, got {n}")
+    import torch
+
+    from .server.router import Replicas
+
+    if args.device is not None and str(args.device).startswith("cpu"):
+        return Replicas(args.model, options, loras, ["cpu"] * n)
+    gpus = torch.cuda.device_count()
+    if n > gpus:
+        raise ValueError(f"--data-parallel {n} asks for a GPU each, and {gpus} are present")
+    return Replicas(args.model, options, loras, [f"cuda:{i}" for i in range(n)])
+
+
 def _serve(args) -> int:
     import uvicorn
 
     from .server.app import build_app
-    from .server.client import EngineClient
 
     options = {"mode": args.mode, "device": args.device, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
                "step_timing": not args.no_step_timing, "cuda_graphs": not args.no_cuda_graphs,
@@ -274,8 +296,10 @@ def _serve(args) -> int:
         loras[name] = path
     options["max_loras"] = len(loras) if args.max_loras is None else args.max_loras
     options["max_lora_rank"] = args.max_lora_rank
-    app = build_app(EngineClient(args.model, options, loras), args.api_key, args.max_in_flight)
-    logging.getLogger("slipstream").info("loading %s in the engine process; serving on http://%s:%d/v1",
-                                         args.model or "the embedded model", args.host, args.port)
+    app = build_app(_engines(args, options, loras), args.api_key, args.max_in_flight)
+    logging.getLogger("slipstream").info("loading %s in %s; serving on http://%s:%d/v1",
+                                         args.model or "the embedded model", "the engine process"
+                                         if args.data_parallel == 1 else f"{args.data_parallel} engine processes",
+                                         args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
     return 0

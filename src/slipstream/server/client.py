@@ -45,8 +45,8 @@ class EngineClient:
         self._outputs = self._ctx.socket(zmq.PULL)
         self._outputs.bind(outputs_addr)
         self._process = multiprocessing.get_context("spawn").Process(
-            target=run_engine, args=(self.model, self.options, self.loras, requests_addr, outputs_addr), daemon=True,
-            name="slipstream-engine")
+            target=run_engine, args=(self.model, self.options, self.loras, requests_addr, outputs_addr),
+            daemon=True, name="slipstream-engine")
         self._process.start()
         deadline = asyncio.get_running_loop().time() + timeout
         while self.ready is None:

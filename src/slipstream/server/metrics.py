@@ -33,6 +33,8 @@ class ServerMetrics:
                              buckets=LATENCY_BUCKETS)
         self.in_flight = Gauge("slipstream_requests_in_flight", "Requests the API process is serving", registry=r)
         r.register(_EngineCollector(engine))
+        if hasattr(engine, "replica_states"):  # (serve --data-parallel: server/router.py)
+            r.register(_RouterCollector(engine))
 
     def render(self) -> bytes:
         self.in_flight.set(self.engine.in_flight)
@@ -104,3 +106,30 @@ class _EngineCollector:
             yield HistogramMetricFamily("slipstream_gpu_idle_per_step_seconds", "GPU idle before a step, after the "
                                         "one before it, while the engine had work", buckets=buckets,
                                         sum_value=s.gpu_idle_seconds)
+
+
+class _RouterCollector:
+    """Data parallelism: which rule routed the requests, each replica's state, restarts."""
+
+    def __init__(self, replicas) -> None:
+        self.replicas = replicas
+
+    def collect(self) -> Iterator[Metric]:
+        decisions = CounterMetricFamily("slipstream_router_decisions", "Requests routed, by the rule that chose the "
+                                        "replica (prefix: where its prompt's start was served lately)", labels=["rule"])
+        for rule, count in sorted(self.replicas.decisions.items()):
+            decisions.add_metric([rule], count)
+        yield decisions
+        up = GaugeMetricFamily("slipstream_replica_up", "The replica's engine process serves", labels=["replica"])
+        busy = GaugeMetricFamily("slipstream_replica_requests_in_flight", "Requests the replica serves",
+                                 labels=["replica"])
+        routed = CounterMetricFamily("slipstream_replica_requests", "Requests routed to the replica", labels=["replica"])
+        for i, (alive, in_flight, n) in enumerate(self.replicas.replica_states()):
+            up.add_metric([str(i)], float(alive))
+            busy.add_metric([str(i)], in_flight)
+            routed.add_metric([str(i)], n)
+        yield up
+        yield busy
+        yield routed
+        yield CounterMetricFamily("slipstream_replica_restarts", "Engine processes restarted after dying",
+                                  value=self.replicas.restarts)
