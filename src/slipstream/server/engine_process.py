@@ -9,6 +9,7 @@ batch however many requests moved."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import threading
 import time
@@ -27,6 +28,7 @@ def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str]
                outputs_addr: str) -> None:
     """The engine process's entry point: load the model and its adapters, say Ready, then serve
     until killed."""
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     ctx = zmq.Context()
     outputs = ctx.socket(zmq.PUSH)
     outputs.connect(outputs_addr)
@@ -46,6 +48,14 @@ def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str]
     server = _Server(llm, outbox)
     while True:
         server.handle(decoder.decode(requests.recv()))
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Exit once the API process is gone, however it went (a SIGKILL runs no shutdown): an orphaned
+    engine would hold its GPU's memory."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 class _Server:
