@@ -68,7 +68,9 @@ def wait_idle(url: str, timeout: float = 20.0) -> dict[str, float]:
         time.sleep(0.2)
 
 
-def engine_pid(server_pid: int) -> int:
+def engine_pids(server_pid: int) -> list[int]:
+    """The server's engine processes (its spawned children), oldest first."""
+    pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
@@ -76,5 +78,12 @@ def engine_pid(server_pid: int) -> int:
         except OSError:
             continue
         if int(fields[1]) == server_pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-            return int(stat.parent.name)
-    raise LookupError("no engine process")
+            pids.append(int(stat.parent.name))
+    return sorted(pids)
+
+
+def engine_pid(server_pid: int) -> int:
+    pids = engine_pids(server_pid)
+    if not pids:
+        raise LookupError("no engine process")
+    return pids[0]

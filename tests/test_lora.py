@@ -242,3 +242,15 @@ def test_moondreams_modules_apply_to_its_fused_projections_as_if_merged(tmp_path
                               llm.query(img, "What is it?", settings=settings)["answer"],
                               llm.point(img, "cat", settings=spatial)["points"]]
     assert answers["adapter"] == answers["merged"] and plain != answers["adapter"][0]
+
+
+def test_a_short_answer_pages_are_cached_under_their_adapter_only(family):
+    """A prompt shorter than a page: its answer's pages are keyed from the adapter's root too."""
+    tm, root, refs = family
+    with make_llm(tm, root) as llm:
+        first = llm.generate([7, 8], SamplingParams(max_tokens=12, ignore_eos=True, lora="a"))[0]
+        settled_stats(llm)
+        turn = [7, 8] + first.token_ids + [9]
+        other = llm.generate(turn, SamplingParams(max_tokens=3, lora="b"))[0]
+        same = llm.generate(turn, SamplingParams(max_tokens=3, lora="a"))[0]
+    assert other.cached_tokens == 0 and same.cached_tokens == 12

@@ -18,7 +18,7 @@ from slipstream.server.router import BALANCE, MIN_BLOCKS, PrefixIndex, Replicas
 
 openai = pytest.importorskip("openai")
 
-from serving import metric_values, start_server, stop_server  # noqa: E402
+from serving import engine_pids, metric_values, start_server, stop_server  # noqa: E402
 
 MODEL = "random:tiny-llama"
 
@@ -66,19 +66,6 @@ def test_prefix_affinity_while_balanced_else_the_least_busy():
     assert r.dead is not None
 
 
-def _engine_pids(server_pid: int) -> list[int]:
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == server_pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-            pids.append(int(stat.parent.name))
-    return sorted(pids)
-
-
 @pytest.mark.skipif(not Path("/proc").exists(), reason="finds the engine processes through /proc")
 def test_two_replicas_share_the_load_survive_one_dying_and_restart_it():
     proc, url = start_server(MODEL, "--data-parallel", "2")
@@ -97,7 +84,7 @@ def test_two_replicas_share_the_load_survive_one_dying_and_restart_it():
         assert [values[f'slipstream_replica_up{{replica="{i}"}}'] for i in (0, 1)] == [1.0, 1.0]
         assert min(values[f'slipstream_replica_requests_total{{replica="{i}"}}'] for i in (0, 1)) >= 4
         assert values['slipstream_router_decisions_total{rule="prefix"}'] >= 2
-        pids = _engine_pids(proc.pid)
+        pids = engine_pids(proc.pid)
         assert len(pids) == 2
         stream = client.completions.create(model=MODEL, prompt="Once", max_tokens=4000, stream=True,
                                            extra_body={"ignore_eos": True})
@@ -120,6 +107,6 @@ def test_two_replicas_share_the_load_survive_one_dying_and_restart_it():
                 break
             time.sleep(0.5)
         assert values["slipstream_replica_restarts_total"] >= 1
-        assert len(_engine_pids(proc.pid)) == 2
+        assert len(engine_pids(proc.pid)) == 2
     finally:
         stop_server(proc)

@@ -243,9 +243,11 @@ class ModelRunner:
                     self.image_graphs.prefill(image.tiling, own, prefix.lora_slot)
             else:
                 lora = None
-                if self.lora is not None:  # (an image's prefix is computed under its requests' adapter)
-                    per_image = torch.tensor([p.lora_slot for p in prefixes], dtype=torch.int64)
-                    lora = self.lora.rows(per_image.repeat_interleave(PREFIX_LEN).to(dev, non_blocking=True))
+                if self.lora is not None:  # (each prefix under its requests' adapter; filled on the device)
+                    slots_of = torch.empty(len(prefixes) * PREFIX_LEN, dtype=torch.int64, device=dev)
+                    for i, p in enumerate(prefixes):
+                        slots_of[i * PREFIX_LEN:(i + 1) * PREFIX_LEN].fill_(p.lora_slot)
+                    lora = self.lora.rows(slots_of)
                 self.heads.prefill_images(torch.cat([make_crops(image, vision) for image in images]),
                                           [image.tiling for image in images], slots, self.kv, lora)
         for src, dst in step.page_copies:

@@ -29,10 +29,10 @@ decodes. Planning invariants (each has a test in tests/test_scheduler.py):
   6. Prefix caching: a page is registered under its key only once the KV of the tokens the key
      names is written or queued (a prompt's full pages when the step that fills them is launched;
      an image prefix's at its admission, as the step's image work runs before any prompt of it
-     reads them; generated ones at release, up to the tokens both committed and written); a sequence holds
-     every page of its table from admission to release, so no page an in-flight step reads or
-     writes is ever evicted; a cached run starts a prompt's prefill after it, leaving its last
-     token to compute.
+     reads them; generated ones at release, up to the tokens both committed and written); a
+     sequence holds every page of its table from admission to release, so no page an in-flight
+     step reads or writes is ever evicted; a cached run starts a prompt's prefill after it,
+     leaving its last token to compute.
 """
 from __future__ import annotations
 
@@ -483,8 +483,9 @@ class Scheduler:
         tokens = seq.prompt_ids + seq.output_ids
         known = tokens[:min(seq.kv_len, len(tokens))]
         prefix = seq.prefix
-        keys = chain_keys(known, self.pool.page_size, extra=prefix.crops.digest if prefix is not None else b"",
-                         extra_until=prefix.length if prefix is not None else 0, keys=seq.page_keys)
+        keys = chain_keys(known, self.pool.page_size, salt=seq.lora_id,
+                          extra=prefix.crops.digest if prefix is not None else b"",
+                          extra_until=prefix.length if prefix is not None else 0, keys=seq.page_keys)
         for i in range(seq.registered, len(keys)):
             self.pool.register(seq.pages[i], keys[i])
 
