@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .traffic import parse_rates, plot_latencies
+from .traffic import at_rates, parse_rates, plot_latencies
 
 WORKLOADS = ("mixed", "short", "md2-query")
 QUESTION = "What is the main object in this picture, what color is it, and where is it? Answer briefly."
@@ -160,13 +160,14 @@ def summarize(workload: str, label: str, rate: float, timings: list[Timing], wal
               slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> ServeResult:
     ok = [t for t in timings if t.error is None and t.chunks]
     ttft = [(t.chunks[0] - t.sent) * 1e3 for t in ok]
-    tpot = [(t.chunks[-1] - t.chunks[0]) * 1e3 / (t.output_tokens - 1) for t in ok if t.output_tokens > 1]
+    per_token = [(t.chunks[-1] - t.chunks[0]) * 1e3 / (t.output_tokens - 1) if t.output_tokens > 1 else None
+                 for t in ok]  # (TPOT; None for a one-token answer)
+    tpot = [x for x in per_token if x is not None]
     itl = [g * 1e3 for t in ok for g in np.diff(t.chunks)]
     e2e = [(t.done - t.sent) * 1e3 for t in ok]
-    good = sum(1 for t, first in zip(ok, ttft)
+    good = sum(1 for first, each in zip(ttft, per_token)
                if (slo_ttft_ms is None or first <= slo_ttft_ms)
-               and (slo_tpot_ms is None or t.output_tokens < 2
-                    or (t.chunks[-1] - t.chunks[0]) * 1e3 / (t.output_tokens - 1) <= slo_tpot_ms))
+               and (slo_tpot_ms is None or each is None or each <= slo_tpot_ms))
 
     def pct(xs: list[float], qs) -> list[float]:
         return [round(float(x), 4) for x in np.percentile(xs, qs)] if xs else [float("nan")] * len(qs)
@@ -212,19 +213,13 @@ def run(url: str, api_key: str | None, workload: str, rates: list[str], count: i
         raise ValueError(f"{url}/v1/models answered {listed.status_code}: {listed.text[:200]}")
     model = listed.json()["data"][0]
     requests = _requests(workload, count, prompt_range, output_range, model, seed)
-    ordered = [r for r in parse_rates(rates) if r != "inf"]
-    if "inf" in rates or any(r.endswith("%") for r in ordered):
-        ordered.insert(0, "inf")
     asyncio.run(_run_rate(url, headers, requests[: min(8, len(requests))], float("inf"), seed))  # warm-up
-    results: list[ServeResult] = []
-    capacity = None
-    for r in ordered:
-        rate = float("inf") if r == "inf" else float(r[:-1]) / 100 * capacity if r.endswith("%") else float(r)
+
+    def at(rate: float) -> ServeResult:
         timings, wall = asyncio.run(_run_rate(url, headers, requests, rate, seed + 1, max_concurrency))
-        result = summarize(workload, label, rate, timings, wall, slo_ttft_ms, slo_tpot_ms)
-        if r == "inf":
-            capacity = result.requests_s
-        results.append(result)
+        return summarize(workload, label, rate, timings, wall, slo_ttft_ms, slo_tpot_ms)
+
+    results = at_rates(parse_rates(rates), at)
     print(format_table(results))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

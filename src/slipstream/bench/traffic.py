@@ -23,12 +23,15 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 
 from ..engine import LLM, RequestOutput
 from ..sampling import SamplingParams
 from .decode import Consumer
+
+R = TypeVar("R")
 
 
 @dataclass
@@ -288,6 +291,21 @@ def plot_latencies(results: list[TrafficResult], path: Path) -> None:
     plt.close(fig)
 
 
+def at_rates(rates: list[str], run: Callable[[float], R]) -> list[R]:
+    """`run(rate)` for each of `rates` (parse_rates's forms), 'inf' first where percentages are
+    asked for: they are of its requests/s."""
+    ordered = [r for r in rates if r != "inf"]
+    if "inf" in rates or any(r.endswith("%") for r in rates):
+        ordered.insert(0, "inf")
+    results, capacity = [], None
+    for r in ordered:
+        result = run(float("inf") if r == "inf" else float(r[:-1]) / 100 * capacity if r.endswith("%") else float(r))
+        if r == "inf":
+            capacity = result.requests_s
+        results.append(result)
+    return results
+
+
 def parse_rates(values: list[str]) -> list[str]:
     """Request rates: numbers (requests/s), 'inf' (all at once) or 'P%' (of the capacity measured
     all at once in the same run, which then runs first)."""
@@ -321,18 +339,12 @@ def run(model: str | None, workloads: list[str], modes: list[str], device: str |
 
                     llm.core.runner.profiler = StepProfiler(llm.core.layer.compute_stream, max_steps=8192)
                 if workload == "mixed":
-                    capacity = None
-                    ordered = [r for r in rates if r != "inf"]
-                    if "inf" in rates or any(r.endswith("%") for r in rates):
-                        ordered.insert(0, "inf")  # (the percentages are of its requests/s)
-                    for r in ordered:
-                        rate = float("inf") if r == "inf" else float(r[:-1]) / 100 * capacity if r.endswith("%") \
-                            else float(r)
+                    def mixed(rate: float) -> TrafficResult:
                         res = run_mixed(llm, requests, prompt_range, output_range, rate)
-                        if r == "inf":
-                            capacity = res.requests_s
-                        results.append(res)
                         profiles.update(_take_profile(llm, f"{mode} {workload}"))
+                        return res
+
+                    results.extend(at_rates(rates, mixed))
                 elif workload == "prefill":
                     results.extend(run_prefill(llm, repeats=1 if profile else 3))
                 elif workload == "ttft":

@@ -34,12 +34,8 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         y = torch.addmm(bias, x, weight.t(), out=out) if bias is not None else torch.mm(x, weight.t(), out=out)
     else:
         y = F.linear(x, weight, bias)
-    if act == "swiglu":
-        gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
-        y = F.silu(gate) * up
-    elif act is not None:  # (in place on the GEMM's output: no copy of the columns before act_from)
-        tail = y[:, act_from:]
-        tail.copy_(F.gelu(tail, approximate="tanh" if act == "gelu_tanh" else "none"))
+    if act is not None:
+        y = _activate_reference(y, act, act_from)
     if residual is not None:
         y = y.add_(residual) if y.dtype == residual.dtype else y + residual
     if out is not None:
@@ -78,18 +74,18 @@ def activate(y: torch.Tensor, act: str, act_from: int = 0) -> torch.Tensor:
     """The activation `linear` fuses, on its own, after something was added to the GEMM's output
     (a LoRA delta): "swiglu" gives a new [rows, N / 2]; GELU runs in place on the columns from
     `act_from` on and returns y."""
-    if act == "swiglu":
-        if triton_rows(y):
-            from .activation import swiglu
+    if triton_rows(y):
+        from .activation import gelu_columns, swiglu
 
-            return swiglu(y)
+        return swiglu(y) if act == "swiglu" else gelu_columns(y, act, act_from, out=y)
+    return _activate_reference(y, act, act_from)
+
+
+def _activate_reference(y: torch.Tensor, act: str, act_from: int) -> torch.Tensor:
+    if act == "swiglu":
         gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
         return F.silu(gate) * up
-    if triton_rows(y):
-        from .activation import gelu_columns
-
-        return gelu_columns(y, act, act_from, out=y)
-    tail = y[:, act_from:]
+    tail = y[:, act_from:]  # (in place on the GEMM's output: no copy of the columns before act_from)
     tail.copy_(F.gelu(tail, approximate="tanh" if act == "gelu_tanh" else "none"))
     return y
 

@@ -69,10 +69,6 @@ class LoraBank:
         self._cv = threading.Condition()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    @property
-    def memory_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for layer in self.stacks for st in layer.values() for t in st)
-
     def names(self) -> list[str]:
         with self._cv:
             return list(self._adapters)
@@ -154,19 +150,14 @@ class LoraBank:
 
     def _copy(self, adapter: PackedAdapter, slot: int) -> None:
         """The adapter into the slot's rows of every stack (projections it leaves out: rank 0)."""
-        ranks = torch.zeros(len(self.stacks), max(len(s) for s in self.stacks), dtype=torch.int32)
-        for i, layer in enumerate(self.stacks):
-            for j, name in enumerate(layer):
-                ranks[i, j] = adapter.weights.get((i, name), (None, None, 0))[2]
         context = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
         with context:
             for i, layer in enumerate(self.stacks):
-                for j, (name, (a, b, r)) in enumerate(layer.items()):
+                for name, (a, b, r) in layer.items():
                     packed = adapter.weights.get((i, name))
                     if packed is not None:
                         a[slot].copy_(packed[0])
                         b[slot].copy_(packed[1])
-                    r[slot].copy_(ranks[i, j])
+                    r[slot].fill_(packed[2] if packed is not None else 0)
         if self._stream is not None:
             self._stream.synchronize()
-

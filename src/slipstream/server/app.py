@@ -16,6 +16,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..models.moondream.skills import SKILLS
 from . import openai_fields as fields
 from .client import EngineClient, EngineDead
 from .images import chat_image_request, skill_request
@@ -180,7 +181,7 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
 
         return route
 
-    for skill in ("caption", "query", "point", "detect"):
+    for skill in SKILLS:
         app.add_api_route(f"/v1/{skill}", skill_route(skill), methods=["POST"])
     return app
 

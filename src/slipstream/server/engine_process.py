@@ -19,6 +19,7 @@ import msgspec
 import zmq
 
 from ..engine import LLM, RequestOutput
+from ..models.moondream.skills import SPATIAL_SKILLS
 from ..sampling import SamplingParams
 from ..scheduler import Sequence
 from .protocol import Abort, Delta, Generate, Ready, Skill, Stats, TokenLogprob, ToEngine
@@ -82,7 +83,7 @@ class _Server:
         except Exception as e:  # (a bug, not the input: this request fails, the engine serves on)
             self.outbox.put(Delta(message.id, finish_reason="error", error=f"preparing the request failed: {e!r}"))
             return
-        spatial = isinstance(message, Skill) and message.skill in ("point", "detect")  # (answers come at the end)
+        spatial = isinstance(message, Skill) and message.skill in SPATIAL_SKILLS  # (answers come at the end)
         queued = []
         for index, seq in enumerate(seqs):
             ship = self.pieces.shipper()

@@ -11,6 +11,7 @@ import base64
 import binascii
 from typing import Any
 
+from ..models.moondream.skills import SPATIAL_SKILLS
 from .openai_fields import FieldError
 from .protocol import Skill
 
@@ -52,7 +53,7 @@ def skill_request(skill: str, body: dict[str, Any], request_id: str) -> Skill:
     settings = body.get("settings") or {}
     if not isinstance(settings, dict):
         raise FieldError("settings", "settings must be an object (temperature, top_p, max_tokens, max_objects)")
-    if skill in ("point", "detect") and body.get("stream"):
+    if skill in SPATIAL_SKILLS and body.get("stream"):
         raise FieldError("stream", f"{skill} does not stream; its points or boxes come whole")
     return Skill(request_id, skill, decode_image_url(body.get("image_url")), argument, settings)
 

@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator
 
 import orjson
 
+from ..models.moondream.skills import SPATIAL_SKILLS
 from .protocol import Delta, TokenLogprob, merge
 
 DONE = b"data: [DONE]\n\n"
@@ -148,7 +149,7 @@ SKILL_ANSWERS = {"caption": "caption", "query": "answer", "point": "points", "de
 
 
 def skill_whole(skill: str, request_id: str, choices: Choices) -> dict[str, Any]:
-    answer = choices.objects or [] if skill in ("point", "detect") else "".join(choices.text[0])
+    answer = choices.objects or [] if skill in SPATIAL_SKILLS else "".join(choices.text[0])
     return {"request_id": request_id, SKILL_ANSWERS[skill]: answer}
 
 

@@ -12,7 +12,8 @@ from ...sampling import SamplingParams
 from ...scheduler import ImagePrefix, Sequence
 from .config import PREFIX_LEN
 from .image import load_image, prepare_image
-from .skills import Skill, SpatialSkill, caption_prompt, object_prompt, query_prompt, settings_dict
+from .skills import (SPATIAL_SKILLS, Skill, SpatialSkill, caption_prompt, object_prompt, query_prompt,
+                     settings_dict)
 
 
 class EncodedImage:
@@ -102,7 +103,7 @@ class MoondreamAPI:
             params = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_tokens"],
                                     lora=s["lora"])
             return self.core.make_image_sequence(self._prefix(image), prompt, params, Skill.TEXT, on_token=on_token)
-        if skill not in ("point", "detect"):
+        if skill not in SPATIAL_SKILLS:
             raise ValueError(f"unknown skill {skill!r}; Moondream 2's are caption, query, point and detect")
         if not isinstance(argument, str) or not argument.strip():
             raise ValueError("object must be a non-empty string")

@@ -13,6 +13,8 @@ import torch
 
 STATE_X, STATE_Y, STATE_S = 0, 1, 2  # point/detect: decide (or stop), the y coordinate, the size
 CAPTION_LENGTHS = ("short", "normal", "long")
+SPATIAL_SKILLS = ("point", "detect")  # (their answers are points or boxes, not text)
+SKILLS = ("caption", "query", *SPATIAL_SKILLS)
 # the reference's defaults (spec §7.2); point and detect are always greedy
 DEFAULT_SETTINGS = {"temperature": 0.5, "top_p": 0.3, "max_tokens": 768, "max_objects": 50}
 
