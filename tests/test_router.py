@@ -98,6 +98,7 @@ def test_two_replicas_share_the_load_survive_one_dying_and_restart_it():
                 pass
         assert time.monotonic() - start < 5
         assert httpx.get(url + "/health").status_code == 200  # (the other serves on)
+        time.sleep(1.0)  # (the dead replica's replacement is loading now: the API serves on without it)
         assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices[0].text is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

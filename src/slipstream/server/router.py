@@ -84,24 +84,19 @@ class Replicas:
         self.decisions: Counter[str] = Counter({"prefix": 0, "least_outstanding": 0})
         self.routed = [0] * len(devices)
         self.restarts = 0
+        self.ready: Ready | None = None  # (every replica serves the same model; kept while one restarts)
+        self.started = 0
         self._supervisors: list[asyncio.Task] = []
 
     async def start(self, timeout: float = 600.0) -> None:
         await asyncio.gather(*(c.start(timeout) for c in self.clients))
+        self.ready, self.started = self.clients[0].ready, self.clients[0].started
         self._supervisors = [asyncio.create_task(self._supervise(i)) for i in range(len(self.clients))]
 
     async def stop(self) -> None:
         for task in self._supervisors:
             task.cancel()
         await asyncio.gather(*(c.stop() for c in self.clients))
-
-    @property
-    def ready(self) -> Ready | None:
-        return self.clients[0].ready
-
-    @property
-    def started(self) -> int:
-        return self.clients[0].started
 
     @property
     def dead(self) -> str | None:
