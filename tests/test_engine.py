@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 
@@ -274,12 +275,15 @@ def test_bad_input_never_reaches_the_loop(tiny_llama):
         bad = [("", ValueError, "prompt is empty"), ([], ValueError, "prompt is empty"),
                ([1, tiny_llama.vocab_size], ValueError, "outside the vocabulary"), ([-1], ValueError, "outside"),
                ([1] * 64, ValueError, "max_model_len is 64"), (3.5, TypeError, "string or a list of token ids"),
-               ([1, "a"], TypeError, "string or a list of token ids")]
+               ([1, "a"], TypeError, "token ids are integers, got 'a'"),
+               ([1, True], TypeError, "token ids are integers, got True"), ([1, 2.0], TypeError, "got 2.0 \\(float\\)")]
         for prompt, kind, match in bad:
             with pytest.raises(kind, match=match):
                 llm.submit(prompt)
         with pytest.raises(ValueError, match="2 SamplingParams for 1 prompts"):
             llm.generate([[1]], [SamplingParams(), SamplingParams()])
+        numpy_ids = llm.generate([[np.int64(1), np.int32(2)]], SamplingParams(max_tokens=2))[0]
+        assert numpy_ids.prompt_token_ids == [1, 2] and type(numpy_ids.prompt_token_ids[0]) is int
         out = llm.result(running)
         assert out.finish_reason in ("stop", "length") and len(out.token_ids) <= 30
         long = llm.generate([[1] * 60], SamplingParams(max_tokens=50))[0]  # capped by the model length

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import numbers
 import queue
 import threading
 from collections import deque
@@ -179,8 +180,11 @@ class EngineCore:
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            odd = next((t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
+            if odd is not None:
+                raise TypeError(f"a prompt's token ids are integers, got {odd!r} ({type(odd).__name__})")
+            ids = [int(t) for t in prompt]  # (numpy's integers too)
         else:
             raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
