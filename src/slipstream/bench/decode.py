@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from tqdm import tqdm
@@ -120,13 +121,7 @@ def run_short_case(llm: LLM, streams: int, prompt_tokens: int, requests_per_stre
             params = SamplingParams(max_tokens=rng.randint(1, 4), ignore_eos=True)
             outs.append(llm.result(llm.submit(prompt, params, on_token=consumer.push)))
 
-    clients = [threading.Thread(target=client, args=(i,)) for i in range(streams)]
-    t0 = time.perf_counter()
-    for c in clients:
-        c.start()
-    for c in clients:
-        c.join()
-    wall = time.perf_counter() - t0
+    wall = run_threads(streams, client)
     consumer.close()
     return _result(llm, "short", streams, prompt_tokens, 4, outs, wall)
 
@@ -236,7 +231,7 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
                 run_lora_cases(adapted, min(streams), prompt_tokens, 8, lora, lora_rank)  # (warm-up)
                 for n in streams:
                     if profile and n == max(streams):  # (its first case: the rows under adapters)
-                        profiles[f"{mode} lora{lora}"] = adapted.core.runner.profiler = _new_profiler(adapted)
+                        profiles[f"{mode} lora{lora}"] = new_profiler(adapted)
                     results.extend(run_lora_cases(adapted, n, prompt_tokens, max_tokens, lora, lora_rank))
                     adapted.core.runner.profiler = None
                 engine_stats[f"{mode} lora"] = adapted.stats()
@@ -258,12 +253,12 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
                 elif workload == "constrained":
                     for fraction in constrained:
                         if profile:
-                            profiles[f"{mode} x{n} json{fraction:g}"] = llm.core.runner.profiler = _new_profiler(llm)
+                            profiles[f"{mode} x{n} json{fraction:g}"] = new_profiler(llm)
                         results.append(run_case(llm, n, prompt_tokens, max_tokens, constrained=fraction))
                         llm.core.runner.profiler = None
                 else:
                     if profile and n == max(streams):
-                        profiles[mode] = llm.core.runner.profiler = _new_profiler(llm)
+                        profiles[mode] = new_profiler(llm)
                     results.append(run_case(llm, n, prompt_tokens, max_tokens, temperature=temperature, top_p=top_p))
                     llm.core.runner.profiler = None
                 if bandwidth:
@@ -278,10 +273,8 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
               "floor_ms": floors, "profile": {m: p.summary() for m, p in profiles.items()}}
     if profiles:
         print(format_profile(report["profile"]))
+    write_report(out, report)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1))
-        print(f"wrote {out}")
         if profiles and workload == "decode":
             from ..profiler import plot_timeline
 
@@ -289,12 +282,6 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
         if workload == "decode" and len(streams) > 1:
             plot_throughput(results, floors, out.with_suffix(".png"))
     return results
-
-
-def _new_profiler(llm: LLM):
-    from ..profiler import StepProfiler
-
-    return StepProfiler(llm.core.layer.compute_stream, max_steps=4096)
 
 
 def format_table(results: list[BenchResult], floors: dict[int, float] | None = None) -> str:
@@ -313,13 +300,54 @@ def format_table(results: list[BenchResult], floors: dict[int, float] | None = N
 
 
 def format_profile(profile: dict[str, dict[str, float]]) -> str:
+    """The profilers' summaries as a table: decode steps' split, host phases, then prefill steps."""
     cols = ("forward", "sampling", "gpu_busy", "cpu_bookkeeping", *(f"host_{p}" for p in HOST_PHASES), "gpu_idle",
-            "step")
-    lines = [f"{'mode':>22} " + " ".join(f"{c + ' med/p99 ms':>24}" for c in cols)]
+            "step", "prefill_gpu")
+    lines = [f"{'mode':>22} " + " ".join(f"{c + ' med/p99 ms':>24}" for c in cols)
+             + f" {'steps D/P':>11} {'GPU busy':>8}"]
     for mode, p in profile.items():
         lines.append(f"{mode:>22} " + " ".join(f"{p[c + '_median_ms']:>11.3f}/{p[c + '_p99_ms']:<12.3f}"
-                                             for c in cols))
+                                             for c in cols)
+                     + f" {p['decode_steps']:>5}/{p['prefill_steps']:<5} {p['gpu_busy_fraction']:>8.1%}")
     return "\n".join(lines)
+
+
+def run_threads(n: int, target: Callable[[int], None]) -> float:
+    """`target(0)` .. `target(n - 1)` on n threads started together; the wall seconds until all end."""
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
+def new_profiler(llm: LLM, max_steps: int = 4096):
+    """A bubble profiler attached to the engine's runner (it records the steps from now on)."""
+    from ..profiler import StepProfiler
+
+    llm.core.runner.profiler = StepProfiler(llm.core.layer.compute_stream, max_steps=max_steps)
+    return llm.core.runner.profiler
+
+
+def take_profile(llm: LLM, name: str) -> dict[str, dict[str, float]]:
+    """The attached profiler's summary under `name` (empty if none is attached), and the profiler detached."""
+    profiler, llm.core.runner.profiler = llm.core.runner.profiler, None
+    return {name: profiler.summary()} if profiler is not None else {}
+
+
+def write_report(out: Path | None, report: dict, plot: Callable[[Path], None] | None = None) -> None:
+    """The report as JSON at `out` (if given) and, with `plot`, its PNG beside it."""
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    if plot is not None:
+        plot(out.with_suffix(".png"))
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+    else:
+        print(f"wrote {out}")
 
 
 def plot_throughput(results: list[BenchResult], floors: dict[int, float], path: Path) -> None:

@@ -15,7 +15,6 @@ and is timed, as a user pays it.
   its compute floor (2 x encoder parameters x patches / the dense bf16 peak measured here; GPU only)."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -25,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 from ..engine import LLM
-from .decode import median_cuda_ms
+from .decode import format_profile, median_cuda_ms, new_profiler, run_threads, take_profile, write_report
 from ..models.moondream.skills import Skill, caption_prompt, query_prompt
 from ..sampling import SamplingParams
 
@@ -71,13 +70,7 @@ def closed_loop(llm: LLM, workload: str, clients: int, per_client: int, request)
                 latencies.append(time.perf_counter() - t)
                 outputs[0] += n
 
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    wall = run_threads(clients, client)
     ms = np.asarray(latencies) * 1e3
     n = clients * per_client
     return SkillResult(workload, llm.core.config.mode, clients, n, outputs[0], wall, n / wall, outputs[0] / wall,
@@ -129,13 +122,8 @@ def run_reuse(llm: LLM, groups: int, seed: int) -> list[SkillResult]:
 
         def group(i: int) -> int:
             image = llm.encode_image(images[i]) if shared else images[i]
-            calls = [lambda: llm.caption(image, settings=settings)]
-            calls += [lambda q=q: llm.query(image, q, settings=settings) for q in questions]
-            threads = [threading.Thread(target=c) for c in calls]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            run_threads(1 + len(questions), lambda j: llm.query(image, questions[j - 1], settings=settings) if j
+                        else llm.caption(image, settings=settings))
             if shared:
                 image.close()
             return 0
@@ -225,25 +213,17 @@ def run(model: str | None, workloads: list[str], modes: list[str], clients: list
                 else:
                     for n in clients:
                         if profile:
-                            from ..profiler import StepProfiler
-
-                            llm.core.runner.profiler = StepProfiler(llm.core.layer.compute_stream, max_steps=8192)
+                            new_profiler(llm, max_steps=8192)
                         results.append(run_workload(llm, workload, n, max_tokens, seed=n))
-                        profiler, llm.core.runner.profiler = llm.core.runner.profiler, None
-                        if profiler is not None:
-                            profiles[f"{mode} {workload} x{n}"] = profiler.summary()
+                        profiles.update(take_profile(llm, f"{mode} {workload} x{n}"))
         finally:
             llm.shutdown()
     print(format_table(results))
     for row in encoder:
         print(f"encoder {row['crops']} crops: {row['ms']:.2f} ms, floor {row['floor_ms']:.2f} ms, "
               f"{row['x_floor']:.2f}x")
-    for name, p in profiles.items():
-        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"results": [asdict(r) for r in results], "encoder": encoder,
-                                   "profile": profiles, "engine_options": engine_options}, indent=1))
-        plot(results, out.with_suffix(".png"))
-        print(f"wrote {out} and {out.with_suffix('.png')}")
+    if profiles:
+        print(format_profile(profiles))
+    write_report(out, {"results": [asdict(r) for r in results], "encoder": encoder, "profile": profiles,
+                       "engine_options": engine_options}, lambda png: plot(results, png))
     return results

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from .decode import write_report
 from .traffic import at_rates, parse_rates, plot_latencies
 
 WORKLOADS = ("mixed", "short", "md2-query")
@@ -221,11 +222,7 @@ def run(url: str, api_key: str | None, workload: str, rates: list[str], count: i
 
     results = at_rates(parse_rates(rates), at)
     print(format_table(results))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"url": url, "model": model, "workload": workload, "max_concurrency": max_concurrency,
-                                   "slo_ttft_ms": slo_ttft_ms,
-                                   "slo_tpot_ms": slo_tpot_ms, "results": [asdict(r) for r in results]}, indent=1))
-        plot_latencies(results, out.with_suffix(".png"))
-        print(f"wrote {out} and {out.with_suffix('.png')}")
+    write_report(out, {"url": url, "model": model, "workload": workload, "max_concurrency": max_concurrency,
+                       "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "results": [asdict(r) for r in results]},
+                 lambda png: plot_latencies(results, png))
     return results

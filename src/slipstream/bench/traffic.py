@@ -16,7 +16,6 @@ Every token's commit time is taken in the engine's per-token callback (on the lo
 text delta handed to a consumer thread, as a server's response writer would receive it."""
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -29,7 +28,7 @@ import numpy as np
 
 from ..engine import LLM, RequestOutput
 from ..sampling import SamplingParams
-from .decode import Consumer
+from .decode import Consumer, format_profile, new_profiler, take_profile, write_report
 
 R = TypeVar("R")
 
@@ -247,12 +246,6 @@ def _check_lengths(llm: LLM, workloads: list[str], prompt_range: tuple[int, int]
             raise ValueError(f"{flag} asks for {longest}-token prompts; this model's max_model_len is {limit}")
 
 
-def _take_profile(llm: LLM, name: str) -> dict[str, dict[str, float]]:
-    """The profiler's summary of what it recorded (once), and the profiler detached."""
-    profiler, llm.core.runner.profiler = llm.core.runner.profiler, None
-    return {name: profiler.summary()} if profiler is not None else {}
-
-
 def format_table(results: list[TrafficResult]) -> str:
     cols = ("workload", "mode", "rate", "req", "out tok/s", "total tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
             "ITL p50/p99 ms", "e2e p50/p99 ms", "steps P/D")
@@ -335,13 +328,11 @@ def run(model: str | None, workloads: list[str], modes: list[str], device: str |
             run_mixed(llm, 8, (16, 64), (4, 8))  # warm-up
             for workload in workloads:
                 if profile:
-                    from ..profiler import StepProfiler
-
-                    llm.core.runner.profiler = StepProfiler(llm.core.layer.compute_stream, max_steps=8192)
+                    new_profiler(llm, max_steps=8192)
                 if workload == "mixed":
                     def mixed(rate: float) -> TrafficResult:
                         res = run_mixed(llm, requests, prompt_range, output_range, rate)
-                        profiles.update(_take_profile(llm, f"{mode} {workload}"))
+                        profiles.update(take_profile(llm, f"{mode} {workload}"))
                         return res
 
                     results.extend(at_rates(rates, mixed))
@@ -355,17 +346,13 @@ def run(model: str | None, workloads: list[str], modes: list[str], device: str |
                     results.extend(run_shared_prefix(llm))
                 else:
                     raise ValueError(f"unknown traffic workload {workload!r}")
-                profiles.update(_take_profile(llm, f"{mode} {workload}"))
+                profiles.update(take_profile(llm, f"{mode} {workload}"))
             engine_stats[mode] = llm.stats()
         finally:
             llm.shutdown()
     print(format_table(results))
-    for name, p in profiles.items():
-        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"results": [asdict(r) for r in results], "engine": engine_stats,
-                                   "engine_options": engine_options, "profile": profiles}, indent=1))
-        plot_latencies(results, out.with_suffix(".png"))
-        print(f"wrote {out} and {out.with_suffix('.png')}")
+    if profiles:
+        print(format_profile(profiles))
+    write_report(out, {"results": [asdict(r) for r in results], "engine": engine_stats,
+                       "engine_options": engine_options, "profile": profiles}, lambda png: plot_latencies(results, png))
     return results

@@ -7,7 +7,6 @@ import asyncio
 import multiprocessing
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any, AsyncIterator
 
