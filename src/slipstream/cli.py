@@ -31,11 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dtype", default="auto")
     g.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
 
-    for skill, what in (("caption", None), ("query", "question"), ("point", "object"), ("detect", "object")):
-        m = sub.add_parser(skill, help=f"Moondream 2: {skill} an image" + (f" given a {what}" if what else ""))
+    for skill, what, purpose in (("caption", None, "describe an image"),
+                                 ("query", "question", "answer a question about an image"),
+                                 ("point", "object", "the centre of each OBJECT in an image, as JSON"),
+                                 ("detect", "object", "the bounding box of each OBJECT in an image, as JSON")):
+        m = sub.add_parser(skill, help=f"Moondream 2: {purpose}")
         m.add_argument("image", help="an image file")
         if what:
-            m.add_argument(what)
+            m.add_argument(what, help={"question": "what to ask", "object": "what to find, e.g. 'car'"}[what])
         m.add_argument("--model", required=True, help="a Moondream 2 directory or random:tiny-moondream / "
                                                       "random:moondream2")
         m.add_argument("--tokenizer", default=None, help="moondream/starmie-v1's tokenizer.json, if not beside the "
