@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The server run on the H200 (issue 18, docs/benchmarks.md): the carried wheels installed (.whl:
 # fastapi, starlette, pydantic, uvicorn with uvloop and httptools, pyzmq, msgspec, orjson,
-# prometheus-client, httpx, xgrammar and what they need), the GPU tests of the step clock, then per
-# mode, in one call: the offline engine's mixed and one-at-a-time (ttft) workloads, a `slipstream
+# prometheus-client, httpx, aiohttp, xgrammar and what they need), the GPU tests of the step clock,
+# then per mode, in one call: the offline engine's mixed and one-at-a-time (ttft) workloads, a `slipstream
 # serve` of that mode on the same shape, and bench-serve through it: the mixed workload all at once
 # and at 25/50/90% of its capacity, and one request at a time (128-token prompts, 16 output tokens,
 # as the offline ttft run) for what the HTTP path adds to TTFT and ITL. MODES and MODEL pick a subset.

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-pytest.importorskip("httpx")
+pytest.importorskip("aiohttp")
 
 from serving import free_port, start_server, stop_server  # noqa: E402
 from slipstream.cli import main  # noqa: E402

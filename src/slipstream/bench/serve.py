@@ -18,13 +18,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
 import random
 import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 from tqdm import tqdm
 
 from .decode import write_report
@@ -99,17 +101,17 @@ def _requests(workload: str, count: int, prompt_range: tuple[int, int], output_r
     return out
 
 
-async def _send(client, route: str, body: dict, timing: Timing) -> None:
+async def _send(session, url: str, body: dict, timing: Timing) -> None:
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     try:
-        async with client.stream("POST", route, json=body) as r:
-            if r.status_code != 200:
-                timing.error = f"{r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
+        async with session.post(url, data=orjson.dumps(body), headers={"content-type": "application/json"}) as r:
+            if r.status != 200:
+                timing.error = f"{r.status}: {(await r.read()).decode(errors='replace')[:200]}"
                 return
-            async for line in r.aiter_lines():
-                if not line.startswith("data: {"):
+            async for line in r.content:
+                if not line.startswith(b"data: {"):
                     continue
-                chunk = json.loads(line[6:])
+                chunk = orjson.loads(line[6:])
                 if "error" in chunk:
                     timing.error = str(chunk["error"])
                     return
@@ -126,7 +128,10 @@ async def _send(client, route: str, body: dict, timing: Timing) -> None:
 
 async def _run_rate(url: str, headers: dict, requests: list[tuple[str, dict]], rate: float, seed: int,
                     max_concurrency: int | None = None) -> tuple[list[Timing], float]:
-    import httpx
+    """Every request streamed at its arrival time. aiohttp, not httpx: httpx's connection pool
+    scans every connection on each event, so a few hundred concurrent streams cost the client more
+    CPU than the server (docs/server.md, "The benchmark's client")."""
+    import aiohttp
 
     rng = random.Random(seed)
     due, arrivals = 0.0, []
@@ -134,8 +139,9 @@ async def _run_rate(url: str, headers: dict, requests: list[tuple[str, dict]], r
         arrivals.append(due)
         if rate != float("inf"):
             due += rng.expovariate(rate)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=None, limits=limits) as client:
+    base = url.rstrip("/")
+    async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=None), read_bufsize=1 << 20) as session:
         bar = tqdm(total=len(requests), desc=f"rate {rate:g}", unit="req", leave=False)
         start = time.perf_counter()
 
@@ -147,7 +153,8 @@ async def _run_rate(url: str, headers: dict, requests: list[tuple[str, dict]], r
                 await asyncio.sleep(delay)
             async with slots:  # (a request waiting for a slot is sent, and timed, once it has one)
                 timing = Timing(time.perf_counter())
-                await _send(client, *requests[i], timing)
+                route, body = requests[i]
+                await _send(session, base + route, body, timing)
             bar.update()
             return timing
 
@@ -198,21 +205,17 @@ def run(url: str, api_key: str | None, workload: str, rates: list[str], count: i
     """Each rate in turn ('inf' first where percentages of its capacity are asked for), at most
     `max_concurrency` requests in flight (1 with rate inf: one at a time, light load); print a
     table, write JSON and a PNG of the latency CDFs."""
-    import logging
-
-    import httpx
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # (a line per request otherwise)
     if workload not in WORKLOADS:
         raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        listed = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=10)
-    except httpx.HTTPError as e:
+        with urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + "/v1/models", headers=headers),
+                                    timeout=10) as listed:
+            model = orjson.loads(listed.read())["data"][0]
+    except urllib.error.HTTPError as e:
+        raise ValueError(f"{url}/v1/models answered {e.code}: {e.read().decode(errors='replace')[:200]}") from None
+    except (urllib.error.URLError, OSError) as e:
         raise ValueError(f"no slipstream server answers at {url} ({e}); start one with `slipstream serve`") from None
-    if listed.status_code != 200:
-        raise ValueError(f"{url}/v1/models answered {listed.status_code}: {listed.text[:200]}")
-    model = listed.json()["data"][0]
     requests = _requests(workload, count, prompt_range, output_range, model, seed)
     asyncio.run(_run_rate(url, headers, requests[: min(8, len(requests))], float("inf"), seed))  # warm-up
 
