@@ -1,10 +1,11 @@
 """Multi-LoRA end to end: adapters saved by `peft` (random weights, several ranks, all or some of
 the projections) load by name, and one step serves rows under different adapters and rows under
 none, each equal to transformers + peft (greedy, tie-aware) for Llama, Qwen2, Qwen3 and Phi, with
-chunked prefill; pipelined equals blocking; slots are reused only when no sequence holds them; the
-prefix cache keeps adapters' KV apart; Moondream's own module names apply to its fused projections
-(against the checkpoint with the adapter merged in); bad adapters are refused with errors naming
-what is wrong."""
+chunked prefill; pipelined equals blocking; slots are reused only when no sequence holds them; a
+request whose adapter finds no free slot waits for one (never refused), and an abort takes it out
+of the queue; the prefix cache keeps adapters' KV apart; Moondream's own module names apply to its
+fused projections (against the checkpoint with the adapter merged in); bad adapters are refused
+with errors naming what is wrong."""
 from __future__ import annotations
 
 import copy
@@ -109,23 +110,54 @@ def test_slots_are_reused_only_when_nobody_holds_them(family, monkeypatch):
         long = [llm.submit(prompt, SamplingParams(max_tokens=300, ignore_eos=True, lora=n)) for n in ("a", "b")]
         held = {bank._slot_of["a"], bank._slot_of["b"]}
         copies.clear()
-        with pytest.raises(ValueError, match="all 2 LoRA slots hold adapters of running requests"):
-            llm.submit(prompt, SamplingParams(max_tokens=4, lora="c"))
-        with pytest.raises(ValueError, match="serves requests still running"):
-            llm.unload_lora("a")
+        waits = llm.submit(prompt, SamplingParams(max_tokens=6, lora="c"))  # (not refused: it waits for a slot)
+        leaves = llm.submit(prompt, SamplingParams(max_tokens=6, lora="c"))
+        assert bank.waiting() == 2 and llm.stats()["waiting"] >= 2
+        llm.abort(leaves)  # (aborted while it waits: it ends at once, holding nothing)
+        left = llm.result(leaves, timeout=30)
+        assert (left.finish_reason, left.token_ids, bank.waiting()) == ("abort", [], 1)
+        for name in ("a", "c"):  # (a running request holds "a", a waiting one "c")
+            with pytest.raises(ValueError, match="serves requests still running"):
+                llm.unload_lora(name)
         assert copies == []  # (nothing was copied over a slot in use)
         for rid in long:
             llm.abort(rid)
             llm.result(rid)
-        settled_stats(llm)
-        out = llm.generate(prompt, SamplingParams(max_tokens=6, lora="c"))[0]  # evicts the least recently idle
+        out = llm.result(waits, timeout=60)  # (a slot fell idle: "c" evicted the least recently idle, "a")
         assert copies == [("c", bank._slot_of["c"])] and held == {1, 2} and "a" not in bank._slot_of
         again = llm.generate(prompt, SamplingParams(max_tokens=6, lora="a"))[0]
+        settled_stats(llm)
         llm.unload_lora("b")
-        assert llm.stats()["loras"] == ["a", "c"]
+        assert llm.stats()["loras"] == ["a", "c"] and all(bank.held(s) == 0 for s in (1, 2))
     for name, o in (("c", out), ("a", again)):
         with torch.no_grad():
             assert tie_aware_equal(refs[name], prompt, o.token_ids, hf_greedy(refs[name], prompt, 6, tm.eos_id))
+
+
+def test_more_adapters_than_slots_take_turns_and_every_request_finishes(family):
+    """As vLLM's scheduler does: a request whose adapter finds no free slot waits for one; none is refused."""
+    tm, root, refs = family
+    rng = random.Random(3)
+    names = ["a", "b", "c", None] * 3
+    prompts = [[rng.randrange(tm.vocab_size) for _ in range(rng.randint(3, 30))] for _ in names]
+    with make_llm(tm, root, max_loras=1) as llm:
+        outs = llm.generate(prompts, [SamplingParams(max_tokens=6, lora=n) for n in names])
+        stats = settled_stats(llm)
+        assert stats["kv_pages_free"] == stats["kv_pages_total"] and llm.core.lora.held(1) == 0
+        assert llm.core.lora.waiting() == 0
+    for name, p, o in zip(names, prompts, outs):
+        ref = refs[name] if name else tm.hf
+        with torch.no_grad():
+            assert tie_aware_equal(ref, p, o.token_ids, hf_greedy(ref, p, 6, tm.eos_id))
+
+
+def test_a_request_refused_part_way_leaves_no_slot_held(family):
+    tm, root, refs = family
+    with make_llm(tm, root) as llm:
+        with pytest.raises(ValueError, match="prompt is empty"):
+            llm.generate([[1, 2], []], SamplingParams(max_tokens=2, lora="a"))
+        assert all(llm.core.lora.held(s) == 0 for s in range(1, 4))
+        llm.unload_lora("a")  # (nothing holds it)
 
 
 def test_the_prefix_cache_keeps_each_adapters_kv_apart(family):

@@ -5,6 +5,7 @@ The loop blocks on a condition variable when there is no work (no spinning). If 
 pending request fails with the loop's error and later calls raise it: nothing hangs."""
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import numbers
@@ -138,10 +139,17 @@ class EngineCore:
             if self.lora is None:
                 raise ValueError(f"lora={params.lora!r} asked for, but this engine has no LoRA slots; build it with "
                                  f"LLM(..., max_loras=N) and load_lora the adapter")
-            seq.lora_slot, seq.lora_id = self.lora.acquire(params.lora)
+            seq.lora_slot, seq.lora_id = self.lora.acquire(params.lora, wait=True)  # (slot 0: it waits for one)
         if self.pool.caching:  # (an adapter's KV is its own: its id roots the chain)
             seq.page_keys = chain_keys(ids, self.pool.page_size, salt=seq.lora_id)
         return seq
+
+    def discard(self, seqs: list[Sequence]) -> None:
+        """Sequences built but never queued (a request refused part way) let go of their LoRA slots."""
+        for seq in seqs:
+            if seq.lora_slot:
+                self.lora.release(seq.lora_slot)
+                seq.lora_slot = 0
 
     def make_image_sequence(self, prefix: ImagePrefix, prompt_ids: list[int], params: SamplingParams, skill: int,
                             spatial: Any = None, on_token: Callable[[int, int, str], None] | None = None) -> Sequence:
@@ -242,6 +250,7 @@ class LLM(MoondreamAPI):
         self.core = EngineCore(config, self._on_finish)
         self.tokenizer = self.core.tokenizer
         self._pending: dict[int, _Pending] = {}
+        self._lora_waiting: dict[int, Sequence] = {}  # requests waiting for a LoRA slot (not yet in the inbox)
         self._inbox: deque[tuple[str, object]] = deque()
         self._cv = threading.Condition()
         self._stopping = False
@@ -283,17 +292,45 @@ class LLM(MoondreamAPI):
             per_prompt = list(params)
         else:
             per_prompt = [params] * len(prompts)
-        seqs = [self.core.make_sequence(p, sp, on_token) for p, sp in zip(prompts, per_prompt)]
+        seqs: list[Sequence] = []
+        try:
+            for p, sp in zip(prompts, per_prompt):
+                seqs.append(self.core.make_sequence(p, sp, on_token))
+        except BaseException:
+            self.core.discard(seqs)
+            raise
         return self._enqueue([(seq, _Pending()) for seq in seqs])
 
     def _enqueue(self, requests: list[tuple[Sequence, _Pending]]) -> list[int]:
+        """Into the loop's inbox; a request whose adapter has no slot yet waits for one in the LoRA
+        bank first (`_granted` then queues it), so it is never refused for want of a slot."""
         with self._cv:
-            self._raise_if_dead()
+            try:
+                self._raise_if_dead()
+            except RuntimeError:
+                self.core.discard([seq for seq, _ in requests])
+                raise
             for seq, pending in requests:
                 self._pending[seq.request_id] = pending
-                self._inbox.append(("add", seq))
+                if seq.params.lora is not None and not seq.lora_slot:
+                    self._lora_waiting[seq.request_id] = seq
+                    self.core.lora.wait(seq.request_id, seq.params.lora, functools.partial(self._granted, seq))
+                else:
+                    self._inbox.append(("add", seq))
             self._cv.notify()
         return [seq.request_id for seq, _ in requests]
+
+    def _granted(self, seq: Sequence, slot: int) -> None:
+        """On the LoRA bank's loader thread: the waiting request holds a slot now; queue it (or give
+        the slot back if it was aborted meanwhile, or the engine is gone)."""
+        with self._cv:
+            if self._lora_waiting.pop(seq.request_id, None) is not None and self._error is None \
+                    and not self._stopping:
+                seq.lora_slot = slot
+                self._inbox.append(("add", seq))
+                self._cv.notify()
+                return
+        self.core.lora.release(slot)
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the completion's text as it is committed: never half a UTF-8 character, and text that
@@ -346,7 +383,13 @@ class LLM(MoondreamAPI):
 
     def abort(self, request_id: int) -> None:
         """Abort a request; its result (finish_reason 'abort') is still delivered."""
-        self._post("abort", request_id)
+        with self._cv:
+            waiting = self._lora_waiting.pop(request_id, None)
+            if waiting is not None:  # (still without a LoRA slot: the loop takes it and aborts it from its queue)
+                self.core.lora.cancel(request_id)
+                self._inbox.append(("add", waiting))
+            self._inbox.append(("abort", request_id))
+            self._cv.notify()
 
     def _post(self, kind: str, item: object) -> None:
         with self._cv:
@@ -376,7 +419,7 @@ class LLM(MoondreamAPI):
     def stats(self) -> dict[str, Any]:
         with self._cv:
             stats = self.core.stats()
-            stats["waiting"] += sum(1 for kind, _ in self._inbox if kind == "add")
+            stats["waiting"] += sum(1 for kind, _ in self._inbox if kind == "add") + len(self._lora_waiting)
             return stats
 
     def shutdown(self) -> None:
@@ -436,6 +479,8 @@ class LLM(MoondreamAPI):
             self._fail_pending(e)
         finally:
             self.core.scheduler.close()
+            if self.core.lora is not None:
+                self.core.lora.close()
 
     def _fail_pending(self, error: BaseException) -> None:
         with self._cv:

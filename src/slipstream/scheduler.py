@@ -104,7 +104,7 @@ class Sequence:
     page_keys: list[bytes] = field(default_factory=list)
     registered: int = 0
     cached_tokens: int = 0
-    lora_slot: int = 0  # the LoRA slot it holds from submit to release (0: none)
+    lora_slot: int = 0  # the LoRA slot it holds from submit (or from when one is granted) to release (0: none)
     lora_id: bytes = b""  # its adapter's id (the prefix cache's salt)
 
     @property

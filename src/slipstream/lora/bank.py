@@ -4,17 +4,22 @@ slot, and which adapter each slot holds.
 
 Adapters are loaded by name (read, checked and packed on the caller's thread) and kept on the host;
 a request names one and holds its slot from submit to release (`acquire` / `release`). An adapter
-not in a slot is copied into one when a request needs it — on the submitting thread, on a stream of
-its own, into a slot that no sequence holds (so no step in flight or queued reads it: a slot's last
-reader was a sequence's step, committed before its release) — evicting the least recently idle
-adapter. The step's rows carry their slots on the device (`rows`), so captured graphs serve any mix."""
+not in a slot is copied into one when a request needs it — on a stream of its own, into a slot that
+no sequence holds (so no step in flight or queued reads it: a slot's last reader was a sequence's
+step, committed before its release) — evicting the least recently idle adapter. When every slot
+serves running requests, the request waits on the host (`wait`), as vLLM's scheduler holds back a
+request whose adapter finds no slot, instead of being refused: the bank's loader thread copies its
+adapter in once a slot falls idle and hands the request its slot, in the order requests came, so
+no copy ever runs on the loop thread. The step's rows carry their slots on the device (`rows`), so
+captured graphs serve any mix."""
 from __future__ import annotations
 
 import contextlib
 import itertools
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -66,6 +71,9 @@ class LoraBank:
         self._refs = [0] * n
         self._idle: OrderedDict[int, None] = OrderedDict()  # slots holding an adapter nobody uses, oldest first
         self._loading: set[str] = set()
+        self._waiters: deque[tuple[int, str, Callable[[int], None]]] = deque()  # (key, adapter, granted), in order
+        self._loader: threading.Thread | None = None  # serves the waiters (started by the first)
+        self._closed = False
         self._cv = threading.Condition()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
@@ -94,45 +102,67 @@ class LoraBank:
             if name not in self._adapters:
                 raise ValueError(f"no LoRA adapter named {name!r} is loaded")
             slot = self._slot_of.get(name)
-            if slot is not None and (self._refs[slot] or name in self._loading):
+            if (slot is not None and (self._refs[slot] or name in self._loading)) or \
+                    any(w[1] == name for w in self._waiters):
                 raise ValueError(f"LoRA adapter {name!r} serves requests still running; unload it once they end")
             if slot is not None:
                 del self._slot_of[name]
                 self._holder[slot] = None
                 self._idle.pop(slot, None)
+                self._cv.notify_all()  # (a free slot for a waiting request)
             del self._adapters[name], self._uids[name]
 
-    def acquire(self, name: str) -> tuple[int, bytes]:
+    def acquire(self, name: str, wait: bool = False) -> tuple[int, bytes]:
         """The slot holding `name` (copied in first where it is not), held once more, and the
-        adapter's id (what the prefix cache keys its KV by)."""
+        adapter's id (what the prefix cache keys its KV by). Where no slot can be had now — every
+        one serves running requests, or requests already wait for one — the slot is 0 with `wait`
+        (the caller then `wait`s for one), and a ValueError without."""
         with self._cv:
             if name not in self._adapters:
                 loaded = ", ".join(self._adapters) or "none"
                 raise ValueError(f"no LoRA adapter named {name!r} is loaded (loaded: {loaded}); load_lora it first")
             while name in self._loading:
                 self._cv.wait()
-            slot = self._slot_of.get(name)
-            if slot is not None:
-                self._refs[slot] += 1
-                self._idle.pop(slot, None)
-                return slot, self._uids[name]
-            free = next((s for s in range(1, self.max_loras + 1) if self._holder[s] is None), None)
-            if free is None:
-                if not self._idle:
-                    raise ValueError(f"all {self.max_loras} LoRA slots hold adapters of running requests; retry when "
-                                     f"one ends, or build the engine with more (max_loras)")
-                free, _ = self._idle.popitem(last=False)
-                del self._slot_of[self._holder[free]]
-            self._holder[free], self._slot_of[name], self._refs[free] = name, free, 1
-            self._loading.add(name)
-            adapter, uid = self._adapters[name], self._uids[name]
-        try:
-            self._copy(adapter, free)
-        finally:
-            with self._cv:
-                self._loading.discard(name)
-                self._cv.notify_all()
-        return free, uid
+            uid = self._uids[name]
+            queued = self._waiters and name not in self._slot_of  # (a copy-in waits its turn behind them)
+            claim = None if queued else self._claim(name)
+            if claim is None:
+                if wait:
+                    return 0, uid
+                raise ValueError(f"all {self.max_loras} LoRA slots hold adapters of running requests; retry when "
+                                 f"one ends, or build the engine with more (max_loras)")
+            adapter = self._adapters[name]
+        slot, copy = claim
+        if copy:
+            self._fill(name, adapter, slot)
+        return slot, uid
+
+    def wait(self, key: int, name: str, granted: Callable[[int], None]) -> None:
+        """Queue a request (`key`) for a slot holding `name`, for which `acquire(name, wait=True)`
+        gave 0: once one can be had, the loader thread holds it for the request (copying the
+        adapter in first where needed) and calls `granted(slot)`; requests are served in the order
+        they came, but one whose adapter is already in a slot is not held back behind a copy-in."""
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the LoRA bank is closed")
+            self._waiters.append((key, name, granted))
+            if self._loader is None:
+                self._loader = threading.Thread(target=self._serve_waiters, name="slipstream-lora", daemon=True)
+                self._loader.start()
+            self._cv.notify_all()
+
+    def cancel(self, key: int) -> bool:
+        """Take a waiting request out of the queue; False if it is not waiting (granted already)."""
+        with self._cv:
+            for i, waiter in enumerate(self._waiters):
+                if waiter[0] == key:
+                    del self._waiters[i]
+                    return True
+        return False
+
+    def waiting(self) -> int:
+        with self._cv:
+            return len(self._waiters)
 
     def release(self, slot: int) -> None:
         """A sequence that held the slot is done (on the loop thread)."""
@@ -140,6 +170,67 @@ class LoraBank:
             self._refs[slot] -= 1
             if self._refs[slot] == 0:
                 self._idle[slot] = None
+                if self._waiters:
+                    self._cv.notify_all()
+
+    def close(self) -> None:
+        """Stop the loader thread; requests still waiting are dropped (the engine fails them)."""
+        with self._cv:
+            self._closed = True
+            self._waiters.clear()
+            self._cv.notify_all()
+        if self._loader is not None and self._loader is not threading.current_thread():
+            self._loader.join()
+
+    def _claim(self, name: str) -> tuple[int, bool] | None:
+        """Under the lock: the slot for `name`, held once more, and whether the adapter must be copied
+        into it (a free slot, else the least recently idle one); None when every slot is held."""
+        slot = self._slot_of.get(name)
+        if slot is not None:
+            self._refs[slot] += 1
+            self._idle.pop(slot, None)
+            return slot, False
+        free = next((s for s in range(1, self.max_loras + 1) if self._holder[s] is None), None)
+        if free is None:
+            if not self._idle:
+                return None
+            free, _ = self._idle.popitem(last=False)
+            del self._slot_of[self._holder[free]]
+        self._holder[free], self._slot_of[name], self._refs[free] = name, free, 1
+        self._loading.add(name)
+        return free, True
+
+    def _fill(self, name: str, adapter: PackedAdapter, slot: int) -> None:
+        try:
+            self._copy(adapter, slot)
+        finally:
+            with self._cv:
+                self._loading.discard(name)
+                self._cv.notify_all()
+
+    def _next_waiter(self) -> tuple[int, str, Callable[[int], None], tuple[int, bool]] | None:
+        """Under the lock: the first waiter that can be served now, its slot claimed."""
+        can_copy = any(h is None for h in self._holder[1:]) or bool(self._idle)
+        for i, (key, name, granted) in enumerate(self._waiters):
+            if name in self._loading:
+                continue
+            if name in self._slot_of or can_copy:
+                del self._waiters[i]
+                return key, name, granted, self._claim(name)
+        return None
+
+    def _serve_waiters(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and (served := self._next_waiter()) is None:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                key, name, granted, (slot, copy) = served
+                adapter = self._adapters[name]
+            if copy:
+                self._fill(name, adapter, slot)
+            granted(slot)
 
     def held(self, slot: int) -> int:
         with self._cv:

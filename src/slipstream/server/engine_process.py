@@ -105,10 +105,15 @@ class _Server:
             prompt = message.prompt
         else:
             raise ValueError("a request needs a prompt or messages")
-        first = self.llm.core.make_sequence(prompt, params, None)
-        return [first] + [self.llm.core.make_sequence(first.prompt_ids, params if params.seed is None
-                                                      else dataclasses.replace(params, seed=params.seed + i), None)
-                          for i in range(1, message.n)]
+        seqs = [self.llm.core.make_sequence(prompt, params, None)]
+        try:
+            for i in range(1, message.n):
+                seqs.append(self.llm.core.make_sequence(seqs[0].prompt_ids, params if params.seed is None
+                                                        else dataclasses.replace(params, seed=params.seed + i), None))
+        except BaseException:
+            self.llm.core.discard(seqs)
+            raise
+        return seqs
 
     def _on_token(self, request_id: str, index: int, ship: "_Shipper") -> Callable[[Sequence, str], None]:
         def on_token(seq: Sequence, delta: str) -> None:
