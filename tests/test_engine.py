@@ -117,9 +117,10 @@ def run_workload(llm: LLM, reqs: list[Req]) -> dict[int, tuple[list[int], str]]:
     return out
 
 
-def assert_modes_agree(tm, reqs: list[Req], llm_factory) -> set[str]:
-    """Run `reqs` in both modes (llm_factory(mode) -> LLM); tie-aware token equality per request,
-    equal finish reasons where compared in full, every page back. Returns the finish reasons seen."""
+def assert_modes_agree(tm, reqs: list[Req], llm_factory, reference=None) -> set[str]:
+    """Run `reqs` in both modes (llm_factory(mode) -> LLM); tie-aware token equality per request
+    (against `reference(request)`, the model that decides near-ties: tm.hf by default), equal finish
+    reasons where compared in full, every page and LoRA slot back. Returns the finish reasons seen."""
     results = {}
     for mode in ("blocking", "pipelined"):
         with llm_factory(mode) as llm:
@@ -127,10 +128,13 @@ def assert_modes_agree(tm, reqs: list[Req], llm_factory) -> set[str]:
             stats = settled_stats(llm)
             assert stats["kv_pages_free"] == stats["kv_pages_total"]
             assert stats["running"] == 0 and stats["waiting"] == 0
+            bank = llm.core.lora
+            assert bank is None or all(bank.held(s) == 0 for s in range(1, bank.max_loras + 1))
     full, reasons = 0, set()
     for label, r in enumerate(reqs):
         (got, why_got), (want, why_want) = results["pipelined"][label], results["blocking"][label]
-        same = tie_aware_equal(tm.hf, r.prompt, got, want, r.params.temperature, r.params.seed)
+        model = reference(r) if reference is not None else tm.hf
+        same = tie_aware_equal(model, r.prompt, got, want, r.params.temperature, r.params.seed)
         if same:
             assert why_got == why_want, f"request {label}: {why_got} vs {why_want}"
         full += same

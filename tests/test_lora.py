@@ -21,7 +21,7 @@ peft = pytest.importorskip("peft")
 
 from conftest import build_tiny, settled_stats, tie_aware_equal  # noqa: E402
 from slipstream import LLM, SamplingParams  # noqa: E402
-from test_engine import hf_greedy, random_workload, run_workload  # noqa: E402
+from test_engine import Req, assert_modes_agree, hf_greedy, random_workload, run_workload  # noqa: E402
 
 ALL_MODULES = {"phi": ["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"]}
 LLAMA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -158,6 +158,37 @@ def test_a_request_refused_part_way_leaves_no_slot_held(family):
             llm.generate([[1, 2], []], SamplingParams(max_tokens=2, lora="a"))
         assert all(llm.core.lora.held(s) == 0 for s in range(1, 4))
         llm.unload_lora("a")  # (nothing holds it)
+
+
+@pytest.mark.parametrize("family", ["llama"], indirect=True)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_feature_at_once_pipelined_equals_blocking_and_nothing_leaks(family, seed):
+    """Adapters taking turns in fewer slots than there are adapters, prompts on shared prefixes in a
+    small cache, chunked prefill, JSON schema, stop strings, top-k/top-p, penalties, logprobs,
+    seeded sampling, aborts and arrivals during others' decoding, in one engine."""
+    tm, root, refs = family
+    rng = random.Random(seed)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string", "maxLength": 6}},
+              "required": ["n", "s"]}
+    shared = [[rng.randrange(tm.vocab_size) for _ in range(rng.randint(8, 40))] for _ in range(3)]
+    reqs = []
+    for i in range(24):
+        prompt = (rng.choice(shared) if rng.random() < 0.7 else []) + [rng.randrange(tm.vocab_size)
+                                                                      for _ in range(rng.randint(1, 30))]
+        fields = dict(max_tokens=rng.randint(1, 30), temperature=rng.choice([0.0, 0.0, 0.9]),
+                      seed=rng.randrange(1 << 30), lora=rng.choice([None, None, "a", "b", "c"]))
+        fields.update(rng.choice([{}, {}, {"json_schema": schema, "max_tokens": 40},
+                                  {"stop": [rng.choice(["the", "a", "page", "\n"])]},
+                                  {"top_p": 0.7, "top_k": 5, "temperature": 0.8}, {"repetition_penalty": 1.3},
+                                  {"logprobs": 3}]))
+        reqs.append(Req(prompt, SamplingParams(**fields),
+                        abort_at=rng.randint(1, fields["max_tokens"]) if rng.random() < 0.15 else None,
+                        parent=(rng.randrange(i), rng.randint(1, 5)) if i >= 6 and rng.random() < 0.6 else None))
+    reasons = assert_modes_agree(
+        tm, reqs, lambda mode: make_llm(tm, root, mode, max_num_seqs=5, num_pages=48, max_prefill_tokens=24,
+                                        max_prefill_chunk=12, max_loras=2),
+        reference=lambda r: refs[r.params.lora] if r.params.lora else tm.hf)
+    assert reasons >= {"stop", "length"}
 
 
 def test_the_prefix_cache_keeps_each_adapters_kv_apart(family):
