@@ -38,6 +38,11 @@ def test_errors_are_messages(tmp_path, capsys):
     main(["make-random", "--preset", "tiny-llama", "--out", str(ckpt)])
     assert main(["bench", "--model", str(ckpt), "--device", "cpu", "--streams", "1", "--profile"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+    for flag, value, message in (("--page-size", "3", "page_size must be a power of two"),
+                                 ("--kv-memory-fraction", "1.5", "kv_memory_fraction must be in (0, 1)"),
+                                 ("--max-num-seqs", "0", "max_num_seqs must be >= 1")):
+        assert main(["serve", "--model", str(ckpt), "--device", "cpu", flag, value]) == 2  # (before any process starts)
+        assert message in capsys.readouterr().err
 
 
 def test_bench_traffic_workloads_write_json_and_a_plot(tmp_path, capsys):

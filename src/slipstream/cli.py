@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--tokenizer", default=None, help="a tokenizer.json (Moondream 2 ships none)")
     v.add_argument("--max-num-seqs", type=int, default=256)
     v.add_argument("--max-model-len", type=int, default=None)
+    v.add_argument("--kv-memory-fraction", type=float, default=None,
+                   help="share of the GPU memory free after loading that the KV cache takes (default 0.5)")
+    v.add_argument("--page-size", type=int, default=None, help="tokens a KV page holds (a power of two; default 16)")
     v.add_argument("--max-prefill-tokens", type=int, default=None, help="the per-step token budget")
     v.add_argument("--max-prefill-chunk", type=int, default=None,
                    help="prompt tokens a step carries beside decode rows")
@@ -283,12 +286,14 @@ def _engines(args, options: dict, loras: dict):
 def _serve(args) -> int:
     import uvicorn
 
+    from .config import EngineConfig
     from .server.app import build_app
 
     options = {"mode": args.mode, "device": args.device, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
                "step_timing": not args.no_step_timing, "cuda_graphs": not args.no_cuda_graphs,
                "enable_prefix_caching": not args.no_prefix_caching}
-    for name in ("tokenizer", "max_model_len", "max_prefill_tokens", "max_prefill_chunk"):
+    for name in ("tokenizer", "max_model_len", "max_prefill_tokens", "max_prefill_chunk", "kv_memory_fraction",
+                 "page_size"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     loras = {}
@@ -299,6 +304,7 @@ def _serve(args) -> int:
         loras[name] = path
     options["max_loras"] = len(loras) if args.max_loras is None else args.max_loras
     options["max_lora_rank"] = args.max_lora_rank
+    EngineConfig(model=args.model, **options)  # (a bad option is an error here, not an engine process's traceback)
     app = build_app(_engines(args, options, loras), args.api_key, args.max_in_flight)
     logging.getLogger("slipstream").info("loading %s in %s; serving on http://%s:%d/v1",
                                          args.model or "the embedded model", "the engine process"
