@@ -2,7 +2,8 @@
 server process this module starts on 127.0.0.1 with random:tiny-llama: its answers are the offline
 engine's (text, n choices and their seeds, logprobs), streaming concatenates to the whole,
 structured output holds, bad requests get OpenAI-shaped 400s naming the field before any
-tokenization work, the API key is checked, and /metrics counts requests, pages and GPU time.
+tokenization work, the API key is checked, and /metrics counts requests, pages and GPU time (its
+latency histograms as prometheus_client's would).
 Faults (disconnects, the engine's death, SIGTERM, a battery of mixed traffic): test_server_faults.py."""
 from __future__ import annotations
 
@@ -187,7 +188,9 @@ def test_a_repeated_prompt_is_found_in_the_prefix_cache_and_usage_says_so(client
 
 
 def test_metrics_count_requests_steps_and_gpu_time_and_show_no_page_held_once_idle(server, client):
-    client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    for _ in range(2):  # (the second finds the first's pages in the prefix cache)
+        client.completions.create(model=MODEL, prompt="the page " * 30, max_tokens=3, temperature=0,
+                                  extra_body={"ignore_eos": True})
     values = wait_idle(server)
     assert 0 < values["slipstream_cached_prompt_tokens_total"] < values["slipstream_prompt_tokens_total"]
     assert values["slipstream_kv_pages_cached"] > 0
@@ -203,6 +206,32 @@ def test_metrics_count_requests_steps_and_gpu_time_and_show_no_page_held_once_id
     assert values["slipstream_gpu_idle_per_step_seconds_sum"] == pytest.approx(
         values["slipstream_gpu_idle_seconds_total"])
     assert values['slipstream_gpu_idle_per_step_seconds_bucket{le="+Inf"}'] == gaps
+
+
+def test_latency_histograms_render_as_prometheus_clients_own():
+    """The lock-free histogram that counts a delta's tokens in one call renders as
+    prometheus_client's Histogram observing each token, bucket for bucket (bounds included)."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from slipstream.server.metrics import LATENCY_BUCKETS, LatencyHistogram, _Histograms
+
+    reference, ours = CollectorRegistry(), CollectorRegistry()
+    theirs = Histogram("x_seconds", "x", registry=reference, buckets=LATENCY_BUCKETS)
+    mine = LatencyHistogram("x_seconds", "x")
+    ours.register(_Histograms([mine]))
+    rng = random.Random(0)
+    for _ in range(500):
+        seconds = rng.choice([0.001, 0.0025, 1, 30, 500]) if rng.random() < 0.3 else rng.expovariate(50)
+        times = rng.randint(1, 3)
+        for _ in range(times):
+            theirs.observe(seconds)
+        mine.observe(seconds, times)
+    lines = [[line for line in generate_latest(r).decode().splitlines() if not line.startswith("#")]
+             for r in (reference, ours)]
+    assert [line.split()[0] for line in lines[0]] == [line.split()[0] for line in lines[1]]
+    assert [float(line.split()[1]) for line in lines[0]] == pytest.approx([float(line.split()[1]) for line in lines[1]])
 
 
 def test_step_timing_can_be_left_out():

@@ -5,11 +5,13 @@ tokens and those found cached, and (step timing on) GPU busy and idle time over 
 per step, read from CUDA events on the compute stream."""
 from __future__ import annotations
 
+import bisect
 import time
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from ..profiler import IDLE_BUCKETS
 from .client import EngineClient
@@ -19,19 +21,47 @@ disable_created_metrics()  # (no *_created series beside every counter and histo
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+def histogram_family(name: str, help_: str, bounds: Sequence[float], counts: Sequence[int],
+                     total: float) -> HistogramMetricFamily:
+    """Counts per bucket (each bound's, then the rest) as Prometheus's cumulative `le` buckets."""
+    cumulative, buckets = 0, []
+    for bound, count in zip((*map(floatToGoString, bounds), "+Inf"), counts):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    return HistogramMetricFamily(name, help_, buckets=buckets, sum_value=total)
+
+
+class LatencyHistogram:
+    """A histogram that only the API process's event loop updates: no lock, and a delta's tokens
+    counted in one call. (prometheus_client's Histogram takes a lock and walks its buckets once per
+    token: py-spy put it at ~7% of the API process's samples streaming 12.5k tokens/s from a fake
+    engine on the CPU machine; this one cut the process's CPU time over such runs by ~4%.)"""
+
+    def __init__(self, name: str, help_: str, bounds: Sequence[float] = LATENCY_BUCKETS) -> None:
+        self.name, self.help, self.bounds = name, help_, tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float, times: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += times
+        self.total += seconds * times
+
+    def family(self) -> HistogramMetricFamily:
+        return histogram_family(self.name, self.help, self.bounds, self.counts, self.total)
+
+
 class ServerMetrics:
     def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
         self.registry = r = CollectorRegistry()
         self.requests = Counter("slipstream_requests", "Requests ended, by finish reason (client_gone: the client "
                                 "left first)", ["finish_reason"], registry=r)
-        self.ttft = Histogram("slipstream_time_to_first_token_seconds", "Arrival to first text", registry=r,
-                              buckets=LATENCY_BUCKETS)
-        self.itl = Histogram("slipstream_inter_token_latency_seconds", "Between output tokens (a delta's time over "
-                             "its tokens)", registry=r, buckets=LATENCY_BUCKETS)
-        self.e2e = Histogram("slipstream_e2e_request_latency_seconds", "Arrival to the last token", registry=r,
-                             buckets=LATENCY_BUCKETS)
+        self.ttft = LatencyHistogram("slipstream_time_to_first_token_seconds", "Arrival to first text")
+        self.itl = LatencyHistogram("slipstream_inter_token_latency_seconds", "Between output tokens (a delta's "
+                                    "time over its tokens)")
+        self.e2e = LatencyHistogram("slipstream_e2e_request_latency_seconds", "Arrival to the last token")
         self.in_flight = Gauge("slipstream_requests_in_flight", "Requests the API process is serving", registry=r)
+        r.register(_Histograms((self.ttft, self.itl, self.e2e)))
         r.register(_EngineCollector(engine))
         if hasattr(engine, "replica_states"):  # (serve --data-parallel: server/router.py)
             r.register(_RouterCollector(engine))
@@ -54,9 +84,8 @@ class ServerMetrics:
                         if not tokens:
                             self.ttft.observe(now - start)
                         elif seen:
-                            per_token = (now - last) / (delta.completion_tokens - seen)
-                            for _ in range(delta.completion_tokens - seen):
-                                self.itl.observe(per_token)
+                            new = delta.completion_tokens - seen
+                            self.itl.observe((now - last) / new, new)
                         tokens[delta.index] = (delta.completion_tokens, now)
                     if delta.error is not None:
                         reason = "error"
@@ -68,6 +97,15 @@ class ServerMetrics:
         finally:
             self.requests.labels(reason).inc()
             await batches.aclose()
+
+
+class _Histograms:
+    def __init__(self, histograms: Sequence[LatencyHistogram]) -> None:
+        self.histograms = histograms
+
+    def collect(self) -> Iterator[Metric]:
+        for histogram in self.histograms:
+            yield histogram.family()
 
 
 class _EngineCollector:
@@ -99,13 +137,9 @@ class _EngineCollector:
                                     "work", s.gpu_idle_seconds)):
             yield CounterMetricFamily(f"slipstream_{name}", help_, value=value)
         if s.gpu_idle_counts:
-            cumulative, buckets = 0, []
-            for bound, count in zip((*map(str, IDLE_BUCKETS), "+Inf"), s.gpu_idle_counts):
-                cumulative += count
-                buckets.append((bound, cumulative))
-            yield HistogramMetricFamily("slipstream_gpu_idle_per_step_seconds", "GPU idle before a step, after the "
-                                        "one before it, while the engine had work", buckets=buckets,
-                                        sum_value=s.gpu_idle_seconds)
+            yield histogram_family("slipstream_gpu_idle_per_step_seconds", "GPU idle before a step, after the one "
+                                   "before it, while the engine had work", IDLE_BUCKETS, s.gpu_idle_counts,
+                                   s.gpu_idle_seconds)
 
 
 class _RouterCollector:
