@@ -151,6 +151,67 @@ def test_more_adapters_than_slots_take_turns_and_every_request_finishes(family):
             assert tie_aware_equal(ref, p, o.token_ids, hf_greedy(ref, p, 6, tm.eos_id))
 
 
+def test_the_bank_under_concurrent_requests_never_copies_over_a_held_slot(monkeypatch):
+    """Eight threads acquire, wait for, release and cancel slots of five adapters in three slots:
+    a copy only ever goes into a slot nobody else holds, a slot is held only once its copy ended
+    and keeps its adapter until released, every waiter is granted or cancelled, and every slot
+    ends unheld."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from slipstream.lora.adapter import PackedAdapter
+    from slipstream.lora.bank import LoraBank
+
+    bank = LoraBank([SimpleNamespace(lora_targets=dict)], 3, 4, torch.float32, torch.device("cpu"))
+    names = [f"n{i}" for i in range(5)]
+    for name in names:
+        bank._adapters[name], bank._uids[name] = PackedAdapter(name, "", 4, {}), name.encode()
+    problems, copies, copying = [], [], set()
+
+    def copy(adapter, slot):
+        if bank._refs[slot] != 1 or bank._holder[slot] != adapter.name:
+            problems.append(("copied over a held slot", slot, adapter.name))
+        copies.append(slot)
+        copying.add(slot)
+        time.sleep(0.0005)
+        copying.discard(slot)
+
+    monkeypatch.setattr(bank, "_copy", copy)
+
+    def hold(slot, name):
+        if slot in copying:
+            problems.append(("held before its copy ended", slot, name))
+        time.sleep(0.0002)
+        if bank._holder[slot] != name:
+            problems.append(("slot changed adapter while held", slot, name))
+        bank.release(slot)
+
+    def client(seed):
+        rng = random.Random(seed)
+        for key in range(seed * 1000, seed * 1000 + 150):
+            name = rng.choice(names)
+            slot, _ = bank.acquire(name, wait=True)
+            if slot:
+                hold(slot, name)
+                continue
+            granted = threading.Event()
+            bank.wait(key, name, lambda slot, name=name, granted=granted: (hold(slot, name), granted.set()))
+            if rng.random() < 0.2 and bank.cancel(key):
+                continue
+            if not granted.wait(10):
+                problems.append(("never granted", key, name))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(1, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bank.close()
+    assert problems == [] and bank.waiting() == 0 and copies
+    assert all(bank.held(s) == 0 for s in range(1, 4))
+
+
 def test_a_request_refused_part_way_leaves_no_slot_held(family):
     tm, root, refs = family
     with make_llm(tm, root) as llm:
