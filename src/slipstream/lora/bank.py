@@ -208,15 +208,16 @@ class LoraBank:
                 self._loading.discard(name)
                 self._cv.notify_all()
 
-    def _next_waiter(self) -> tuple[int, str, Callable[[int], None], tuple[int, bool]] | None:
-        """Under the lock: the first waiter that can be served now, its slot claimed."""
+    def _next_waiter(self) -> tuple[str, Callable[[int], None], tuple[int, bool]] | None:
+        """Under the lock: the first waiter that can be served now (its adapter, its callback), its
+        slot claimed."""
         can_copy = any(h is None for h in self._holder[1:]) or bool(self._idle)
-        for i, (key, name, granted) in enumerate(self._waiters):
+        for i, (_, name, granted) in enumerate(self._waiters):
             if name in self._loading:
                 continue
             if name in self._slot_of or can_copy:
                 del self._waiters[i]
-                return key, name, granted, self._claim(name)
+                return name, granted, self._claim(name)
         return None
 
     def _serve_waiters(self) -> None:
@@ -226,7 +227,7 @@ class LoraBank:
                     self._cv.wait()
                 if self._closed:
                     return
-                key, name, granted, (slot, copy) = served
+                name, granted, (slot, copy) = served
                 adapter = self._adapters[name]
             if copy:
                 self._fill(name, adapter, slot)
