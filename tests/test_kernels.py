@@ -535,13 +535,14 @@ def test_gelu_columns_kernel_is_gelu_of_the_trailing_columns_into_a_strided_buff
     assert (wide[:, n:] == 5).all()
 
 
-@pytest.mark.parametrize("t,k,n", [(5, 64, 96), (70, 100, 300)])
+@pytest.mark.parametrize("t,k,n", [(5, 64, 96), (70, 100, 300), (3, 1000, 40)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lora_kernels_add_each_rows_adapter_and_leave_rows_without_one(t, k, n, dtype):
     """Rows of three adapters (ranks 16, 5 and 33 of stacks sized 48) and rows of none, in any
-    order, x a strided view: the shrink and expand add what the torch reference adds, over each
-    slot's own rank only, and rows of slot 0 are left as they were."""
-    from slipstream.kernels.lora import lora_add_reference, lora_add_triton
+    order, x a strided view, the features split over programs or not: the shrink and expand add
+    what the torch reference adds, over each slot's own rank only, and rows of slot 0 are left as
+    they were; given a base, the output is base + delta and the base is untouched."""
+    from slipstream.kernels.lora import feature_split, lora_add_reference, lora_add_triton
 
     g = torch.Generator().manual_seed(t)
     a = (torch.randn(4, 48, k, generator=g) * 0.1).to(dtype)
@@ -552,9 +553,15 @@ def test_lora_kernels_add_each_rows_adapter_and_leave_rows_without_one(t, k, n, 
     wide = torch.randn(t, k + 9, generator=g).to(dtype)
     base = torch.randn(t, n, generator=g).to(dtype)
     want = lora_add_reference(base.clone(), wide[:, :k], a, b, ranks, slots)
-    got = lora_add_triton(base.clone().to(DEVICE), wide.to(DEVICE)[:, :k], a.to(DEVICE), b.to(DEVICE),
-                          ranks.to(DEVICE), slots.to(DEVICE)).cpu()
+    dev = [tensor.to(DEVICE) for tensor in (wide, a, b, ranks, slots, base)]
+    got = lora_add_triton(dev[5].clone(), dev[0][:, :k], *dev[1:5]).cpu()
+    into = torch.full_like(dev[5], 7.0)
+    got_into = lora_add_triton(into, dev[0][:, :k], *dev[1:5], base=dev[5]).cpu()
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got, want, **tol)
-    assert torch.equal(got[slots == 0], base[slots == 0])
+    torch.testing.assert_close(got_into, want, **tol)
+    assert torch.equal(got[slots == 0], base[slots == 0]) and torch.equal(got_into[slots == 0], base[slots == 0])
+    assert torch.equal(dev[5].cpu(), base)
     assert not torch.isnan(got).any()
+    if k == 1000:
+        assert feature_split(t, k) < k  # (a few rows: the features are split)

@@ -284,6 +284,10 @@ def _engines(args, options: dict, loras: dict):
 
 
 def _serve(args) -> int:
+    """SIGUSR1 prints every thread's stack to stderr, here and in the engine process."""
+    import faulthandler
+    import signal
+
     import uvicorn
 
     from .config import EngineConfig
@@ -304,6 +308,7 @@ def _serve(args) -> int:
         loras[name] = path
     options["max_loras"] = len(loras) if args.max_loras is None else args.max_loras
     options["max_lora_rank"] = args.max_lora_rank
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     EngineConfig(model=args.model, **options)  # (a bad option is an error here, not an engine process's traceback)
     app = build_app(_engines(args, options, loras), args.api_key, args.max_in_flight)
     logging.getLogger("slipstream").info("loading %s in %s; serving on http://%s:%d/v1",

@@ -40,7 +40,8 @@ class LayerLora:
 
     def plus(self, target: str, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + each row's delta (a new tensor: the residual stream stays as it was)."""
-        return self.add(target, residual.clone(), x)
+        a, b, ranks = self.stacks[target]
+        return lora_add(torch.empty_like(residual), x, a, b, ranks, self.slots[: x.shape[0]], base=residual)
 
 
 class LoraRows:

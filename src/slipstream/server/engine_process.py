@@ -9,8 +9,10 @@ batch however many requests moved."""
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import os
 import queue
+import signal
 import threading
 import time
 from typing import Any, Callable
@@ -28,7 +30,8 @@ from .protocol import Abort, Delta, Generate, Ready, Skill, Stats, TokenLogprob,
 def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str], requests_addr: str,
                outputs_addr: str) -> None:
     """The engine process's entry point: load the model and its adapters, say Ready, then serve
-    until killed."""
+    until killed. SIGUSR1 prints every thread's stack to stderr (a stuck engine, diagnosed live)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     ctx = zmq.Context()
     outputs = ctx.socket(zmq.PUSH)
