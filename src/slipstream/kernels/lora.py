@@ -2,18 +2,20 @@
 `out[t] = base[t] + (x[t] @ A[s_t].T) @ B[s_t].T`, as a shrink (x -> v, the rank's few columns) and
 an expand (v -> out), the slots read from device memory so a CUDA graph serves any mix.
 
-A program covers a tile of rows (decode rows in any order, or a prompt chunk's tokens) and loops
-over the adapter slots present in it: the rows of other slots are masked out of its operand, so
-each present slot's A or B tile is read once per row tile and multiplied on the tensor cores, and
-a tile of one adapter (a prompt chunk) costs one pass. Slot 0 is no adapter: its rows get base
-unchanged. Each slot's packed rank (`ranks`) bounds its loops: adapters of low rank read only their
-own columns of the stacks sized for the largest.
+A shrink program covers a tile of rows (decode rows in any order, or a prompt chunk's tokens), one
+adapter slot and a share of the input's features: it multiplies the tile's rows of that slot by the
+slot's A on the tensor cores and writes fp32 partials (a program whose tile lacks its slot exits).
+An expand program covers a tile of rows and of output columns: it sums the partials as it reads v,
+then loops over the slots, each B tile read once per row tile with the other slots' rows masked out
+of v. Slot 0 is no adapter: its rows get base unchanged. Each slot's packed rank (`ranks`) bounds the
+loops: adapters of low rank read only their own columns of the stacks sized for the largest.
 
-A decode step has one or two row tiles, so the shrink also splits the input's features over
-programs (enough to fill the GPU) and writes fp32 partials, which the expand sums as it reads v:
-without the split a 32-row step ran its 4,864-feature shrink on two programs (the H200 measured a
-Qwen2.5-0.5B decode step with 8 adapters at 11x the step without LoRA). The expand writes into a
-separate output where asked, so adding a delta to the residual stream needs no copy first.
+Why the split: a decode step has one or two row tiles. Looping over the slots and all the features
+inside each row tile's program, the H200 measured a Qwen2.5-0.5B decode step with 8 adapters over 32
+rows at 11x the step without LoRA; splitting the features alone (up to 76 partials for the expand to
+sum) at 3.8x. Slots in the grid and at most MAX_SPLITS partials are the next form, not yet measured
+on the H200 (docs/benchmarks.md, run p). The expand writes into a separate output where asked, so
+adding a delta to the residual stream needs no copy first.
 
 The torch reference rounds as the kernels do: v is rounded to the activation dtype, the product
 accumulated in fp32 onto base read in fp32, rounded once."""
@@ -25,6 +27,7 @@ from . import HAS_TRITON, INTERPRET, sm_count, triton_rows
 
 BLOCK_M, BLOCK_N, BLOCK_R, BLOCK_K = 16, 64, 16, 64  # rows, output columns, rank columns, features a tile
 PROGRAMS_PER_SM = 2  # the shrink's feature split aims at this many programs per SM
+MAX_SPLITS = 8
 
 if HAS_TRITON:
     import triton
@@ -38,58 +41,55 @@ if HAS_TRITON:
 
     @triton.jit
     def _shrink_kernel(x_ptr, a_ptr, rank_ptr, slot_ptr, vp_ptr, T, K, R, K_SPLIT, stride_x, stride_as, stride_ar,
-                       stride_vs, stride_v, NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
-        """Program (row tile, feature split): the split's partial x @ A[s].T for every row, in fp32."""
+                       stride_vs, stride_v, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+                       UPCAST: tl.constexpr):
+        """Program (row tile, feature split, slot): the split's partial x @ A[s].T, in fp32, for the
+        tile's rows of slot s (a program whose tile holds none writes nothing)."""
+        s = tl.program_id(2) + 1
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rr = tl.arange(0, BLOCK_R)
         rk = tl.arange(0, BLOCK_K)
-        k_from = tl.program_id(1) * K_SPLIT
-        k_to = tl.minimum(k_from + K_SPLIT, K)
-        slots = tl.load(slot_ptr + rm, mask=rm < T, other=0)
-        acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-        for s in range(1, NUM_SLOTS + 1):
+        mine = tl.load(slot_ptr + rm, mask=rm < T, other=0) == s
+        if tl.sum(mine.to(tl.int32)) > 0:
             rank = tl.load(rank_ptr + s)
-            mine = slots == s
-            if tl.sum(mine.to(tl.int32)) > 0:
-                for k0 in range(k_from, k_to, BLOCK_K):
-                    kk = k0 + rk
-                    x = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :],
-                                mask=mine[:, None] & (kk[None, :] < k_to), other=0.0)
-                    a = tl.load(a_ptr + s * stride_as + rr[:, None] * stride_ar + kk[None, :],
-                                mask=(rr[:, None] < rank) & (kk[None, :] < k_to), other=0.0)
-                    acc += _dot(x, a, UPCAST)
-        tl.store(vp_ptr + tl.program_id(1) * stride_vs + rm[:, None] * stride_v + rr[None, :], acc,
-                 mask=(rm[:, None] < T) & (rr[None, :] < R))
+            k_from = tl.program_id(1) * K_SPLIT
+            k_to = tl.minimum(k_from + K_SPLIT, K)
+            acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+            for k0 in range(k_from, k_to, BLOCK_K):
+                kk = k0 + rk
+                x = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=mine[:, None] & (kk[None, :] < k_to),
+                            other=0.0)
+                a = tl.load(a_ptr + s * stride_as + rr[:, None] * stride_ar + kk[None, :],
+                            mask=(rr[:, None] < rank) & (kk[None, :] < k_to), other=0.0)
+                acc += _dot(x, a, UPCAST)
+            tl.store(vp_ptr + tl.program_id(1) * stride_vs + rm[:, None] * stride_v + rr[None, :], acc,
+                     mask=mine[:, None] & (rr[None, :] < R))
 
     @triton.jit
     def _expand_kernel(vp_ptr, b_ptr, rank_ptr, slot_ptr, base_ptr, out_ptr, T, N, SPLITS, stride_vs, stride_v,
                        stride_bs, stride_bn, stride_base, stride_o, NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST: tl.constexpr):
-        """Program (row tile, output columns): v summed over the splits and rounded, times B[s].T."""
+        """Program (row tile, output columns): v summed over the splits and rounded, times B[s].T for
+        each slot, its rows alone (no branch in the slot loop: a slot the tile lacks loads nothing)."""
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         rr = tl.arange(0, BLOCK_R)
         slots = tl.load(slot_ptr + rm, mask=rm < T, other=0)
-        widest = tl.load(rank_ptr)  # (slot 0's rank: 0)
-        for s in range(1, NUM_SLOTS + 1):
-            if tl.sum((slots == s).to(tl.int32)) > 0:
-                widest = tl.maximum(widest, tl.load(rank_ptr + s))
+        widest = tl.max(tl.load(rank_ptr + slots), axis=0)  # (slot 0's rank: 0)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for r0 in range(0, widest, BLOCK_R):
             r = r0 + rr
             v = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
             for split in range(SPLITS):
                 v += tl.load(vp_ptr + split * stride_vs + rm[:, None] * stride_v + r[None, :],
-                             mask=(rm[:, None] < T) & (r[None, :] < widest), other=0.0)
+                             mask=(slots[:, None] > 0) & (r[None, :] < widest), other=0.0)
             v = v.to(out_ptr.dtype.element_ty)
             for s in range(1, NUM_SLOTS + 1):
-                rank = tl.load(rank_ptr + s)
                 mine = slots == s
-                if (tl.sum(mine.to(tl.int32)) > 0) & (r0 < rank):
-                    b = tl.load(b_ptr + s * stride_bs + rn[:, None] * stride_bn + r[None, :],
-                                mask=(rn[:, None] < N) & (r[None, :] < rank), other=0.0)
-                    acc += _dot(tl.where(mine[:, None], v, 0.0).to(v.dtype), b, UPCAST)
+                present = tl.sum(mine.to(tl.int32)) > 0
+                b = tl.load(b_ptr + s * stride_bs + rn[:, None] * stride_bn + r[None, :],
+                            mask=present & (rn[:, None] < N) & (r[None, :] < tl.load(rank_ptr + s)), other=0.0)
+                acc += _dot(tl.where(mine[:, None], v, 0.0).to(v.dtype), b, UPCAST)
         ok = (rm[:, None] < T) & (rn[None, :] < N)
         base = tl.load(base_ptr + rm[:, None] * stride_base + rn[None, :], mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + rm[:, None] * stride_o + rn[None, :], (base + acc).to(out_ptr.dtype.element_ty), mask=ok)
@@ -121,11 +121,12 @@ def lora_add(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     return lora_add_reference(out, x, a, b, ranks, slots, base)
 
 
-def feature_split(rows: int, k: int) -> int:
+def feature_split(rows: int, k: int, slots: int) -> int:
     """Features per shrink program (a multiple of BLOCK_K): all of them where the row tiles fill the
-    GPU (a prompt chunk), else split so that row tiles x splits reach PROGRAMS_PER_SM per SM."""
+    GPU (a prompt chunk), else split so that row tiles x slots x splits reach PROGRAMS_PER_SM per SM,
+    in at most MAX_SPLITS parts (the expand reads each part)."""
     programs = PROGRAMS_PER_SM * (sm_count() if torch.cuda.is_available() else 132)
-    splits = max(1, min(programs // triton.cdiv(rows, BLOCK_M), triton.cdiv(k, BLOCK_K)))
+    splits = max(1, min(programs // (triton.cdiv(rows, BLOCK_M) * slots), MAX_SPLITS, triton.cdiv(k, BLOCK_K)))
     return triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
 
 
@@ -134,16 +135,17 @@ def lora_add_triton(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
     t, k = x.shape
     n, width = out.shape[1], a.shape[1]
     base = out if base is None else base
-    k_split = feature_split(t, k)
+    num_slots = a.shape[0] - 1
+    k_split = feature_split(t, k, num_slots)
     splits = triton.cdiv(k, k_split)
     partials = torch.empty((splits, t, width), dtype=torch.float32, device=x.device)
     upcast = x.dtype == torch.float32 or INTERPRET
-    common = dict(NUM_SLOTS=a.shape[0] - 1, BLOCK_M=BLOCK_M, UPCAST=upcast, num_warps=4)
-    _shrink_kernel[(triton.cdiv(t, BLOCK_M), splits)](
+    common = dict(BLOCK_M=BLOCK_M, UPCAST=upcast, num_warps=4)
+    _shrink_kernel[(triton.cdiv(t, BLOCK_M), splits, num_slots)](
         x, a, ranks, slots, partials, t, k, width, k_split, x.stride(0), a.stride(0), a.stride(1),
         partials.stride(0), partials.stride(1), BLOCK_R=max(16, triton.next_power_of_2(width)), BLOCK_K=BLOCK_K,
         **common)
     _expand_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(n, BLOCK_N))](
         partials, b, ranks, slots, base, out, t, n, splits, partials.stride(0), partials.stride(1), b.stride(0),
-        b.stride(1), base.stride(0), out.stride(0), BLOCK_N=BLOCK_N, BLOCK_R=BLOCK_R, **common)
+        b.stride(1), base.stride(0), out.stride(0), NUM_SLOTS=num_slots, BLOCK_N=BLOCK_N, BLOCK_R=BLOCK_R, **common)
     return out
