@@ -3,8 +3,9 @@
 # loop, then the prefix cache's workloads — 256 requests on a 1,000-token system prompt with the cache on and
 # off (Qwen2.5-0.5B shape), a caption plus 4 queries per image with and without reuse (random:moondream2) —
 # and the LoRA decode step: 8 random adapters of rank 16 over 32 rows against the engine without LoRA, with
-# the profiler's split. Carry .whl (scripts/h200_wheels.sh) for the server-side tests it does not run. STAGES
-# picks a subset.
+# the profiler's split; `lora-ab` (not in the default STAGES) runs that step for the working tree's LoRA kernels
+# beside those of LORA_BASE (default cb95fd4, run p's), alternating. Carry .whl (scripts/h200_wheels.sh) for the
+# server-side tests it does not run. STAGES picks a subset.
 set -uo pipefail
 export PYTHONPATH=src SLIPSTREAM_CACHE=/tmp/slipstream-cache PYTHONUNBUFFERED=1
 R=${OUT:-results}/r
@@ -28,4 +29,8 @@ has prefix && bench qwen.shared-prefix 240 --model random:qwen2.5-0.5b --workloa
 has md2 && bench md2.reuse 300 --model random:moondream2 --workload md2-reuse --mode pipelined --max-num-seqs 64
 has lora && bench qwen.lora 300 --model random:qwen2.5-0.5b --streams 32 --lora 8 --lora-rank 16 --max-tokens 512 \
   --mode pipelined --profile
+if has lora-ab; then
+  mkdir -p .variants/lora-base && git archive "${LORA_BASE:-cb95fd4}" src | tar x -C .variants/lora-base
+  BENCH_ARGS="--lora 8 --lora-rank 16" OUT=$R bash scripts/ab_bench.sh qwen2.5-0.5b 32 head lora-base head lora-base
+fi
 tar czf "${OUT:-results}/prefix_lora.tgz" -C "$(dirname "$R")" r
