@@ -18,11 +18,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, *extra: str) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, *extra: str, stderr=None) -> tuple[subprocess.Popen, str]:
+    """`stderr`: a file for the server's (both processes') stderr; the test's own when None."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
     proc = subprocess.Popen([sys.executable, "-m", "slipstream", "serve", "--model", model, "--device", "cpu",
-                             "--port", str(port), "--max-num-seqs", "8", *extra], env=env)
+                             "--port", str(port), "--max-num-seqs", "8", *extra], env=env, stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

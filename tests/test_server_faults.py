@@ -1,6 +1,7 @@
 """The server survives what clients and machines do: a client that leaves frees its rows, a full
 server answers 429 with Retry-After, SIGTERM drains what is in flight and then exits, the engine
-process's death fails requests at once and turns /health 503, and a battery of 2,000 requests
+process's death fails requests at once and turns /health 503, SIGUSR1 prints both processes' stacks
+and serving goes on, and a battery of 2,000 requests
 (random lengths, a fifth leaving mid-way, a tenth malformed or impossible) leaves every request
 answered or its client gone, no KV page held and the server healthy."""
 from __future__ import annotations
@@ -84,6 +85,25 @@ def test_sigterm_drains_requests_in_flight_then_exits():
     assert proc.wait(40) in (0, -signal.SIGTERM)  # (uvicorn re-raises the signal once it has drained)
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health")
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="finds the engine process through /proc")
+def test_sigusr1_prints_every_threads_stack_in_both_processes_and_serving_goes_on(tmp_path):
+    """What an operator asks a server that seems stuck: each process's threads, where they are."""
+    with open(tmp_path / "stderr", "w") as log:
+        proc, url = start_server(MODEL, stderr=log)
+    try:
+        for pid in (proc.pid, engine_pid(proc.pid)):
+            os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "engine_process.py" not in (tmp_path / "stderr").read_text():
+            time.sleep(0.2)
+        stacks = (tmp_path / "stderr").read_text()
+        assert "uvicorn" in stacks and "engine_process.py" in stacks  # (the API process's, the engine's)
+        assert stacks.count("(most recent call first)") >= 4  # (every thread: loop, sender, main, ...)
+        assert httpx.get(url + "/health").status_code == 200
+    finally:
+        stop_server(proc)
 
 
 @pytest.mark.skipif(not Path("/proc").exists(), reason="finds the engine process through /proc")

@@ -308,8 +308,8 @@ def _serve(args) -> int:
         loras[name] = path
     options["max_loras"] = len(loras) if args.max_loras is None else args.max_loras
     options["max_lora_rank"] = args.max_lora_rank
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     EngineConfig(model=args.model, **options)  # (a bad option is an error here, not an engine process's traceback)
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     app = build_app(_engines(args, options, loras), args.api_key, args.max_in_flight)
     logging.getLogger("slipstream").info("loading %s in %s; serving on http://%s:%d/v1",
                                          args.model or "the embedded model", "the engine process"
