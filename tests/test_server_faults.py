@@ -1,9 +1,9 @@
 """The server survives what clients and machines do: a client that leaves frees its rows, a full
 server answers 429 with Retry-After, SIGTERM drains what is in flight and then exits, the engine
 process's death fails requests at once and turns /health 503, SIGUSR1 prints both processes' stacks
-and serving goes on, and a battery of 2,000 requests
-(random lengths, a fifth leaving mid-way, a tenth malformed or impossible) leaves every request
-answered or its client gone, no KV page held and the server healthy."""
+and serving goes on, and a battery of 2,000 requests (random lengths, a fifth leaving mid-way, a
+tenth malformed or impossible) leaves every request answered or its client gone, no KV page held
+and the server healthy."""
 from __future__ import annotations
 
 import asyncio
