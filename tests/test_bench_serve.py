@@ -1,7 +1,7 @@
 """`slipstream bench-serve` drives a running server through HTTP: every request of the mixed
 workload is answered with the tokens it asked for, percentages of the capacity measured all at once
 set the Poisson rates, goodput counts the requests within the SLO, the short and md2-query workloads
-and one-at-a-time runs work, and a missing server or the wrong model is an error message."""
+and one-at-a-time runs work (with the TTFT split by hop), and a missing server or the wrong model is an error message."""
 from __future__ import annotations
 
 import json
@@ -44,13 +44,17 @@ def test_the_mixed_workload_at_rates_of_its_capacity(server, tmp_path, capsys):
     assert out.with_suffix(".png").exists() and "TTFT p50/p90/p99" in capsys.readouterr().out
 
 
-def test_short_requests_one_at_a_time_and_an_slo_none_meets(server, tmp_path):
+def test_short_requests_one_at_a_time_an_slo_none_meets_and_where_their_ttft_went(server, tmp_path, capsys):
     out = tmp_path / "short.json"
     assert main(["bench-serve", "--url", server, "--workload", "short", "--requests", "6", "--max-concurrency", "1",
                  "--slo-ttft-ms", "0", "--out", str(out)]) == 0
     (r,) = json.loads(out.read_text())["results"]
     assert r["requests"] == 6 and r["failed"] == 0 and r["goodput_s"] == 0
     assert 6 <= r["output_tokens"] <= 24
+    path = r["ttft_path_ms"]  # (means from the server's /metrics: client and HTTP, then the three hops)
+    assert set(path) == {"client_and_http", "api_to_engine", "engine", "engine_to_api"}
+    assert all(ms > 0 for ms in path.values()) and sum(path.values()) <= r["ttft_ms"][2]
+    assert "TTFT path, mean ms" in capsys.readouterr().out
 
 
 def test_md2_query_through_a_moondream_server(tmp_path):

@@ -208,6 +208,25 @@ def test_metrics_count_requests_steps_and_gpu_time_and_show_no_page_held_once_id
     assert values['slipstream_gpu_idle_per_step_seconds_bucket{le="+Inf"}'] == gaps
 
 
+def test_ttft_splits_along_the_first_tokens_path_into_hops_that_sum_to_it(server, client):
+    """Each streamed request's TTFT, as the API process measures it, is the sum of its three hops (to
+    the engine process, in it, back), each positive; bench-serve reads their means from here."""
+    before = wait_idle(server)
+    for stream in (False, True):
+        out = client.completions.create(model=MODEL, prompt="A hop", max_tokens=4, temperature=0, stream=stream)
+        list(out) if stream else out
+    after = metric_values(server)
+
+    def grew(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert grew("slipstream_first_token_path_requests_total") == 2
+    hops = [grew(f'slipstream_first_token_path_seconds_total{{hop="{hop}"}}')
+            for hop in ("api_to_engine", "engine", "engine_to_api")]
+    assert all(seconds > 0 for seconds in hops)
+    assert sum(hops) == pytest.approx(grew("slipstream_time_to_first_token_seconds_sum"), abs=1e-6)
+
+
 def test_latency_histograms_render_as_prometheus_clients_own():
     """The lock-free histogram that counts a delta's tokens in one call renders as
     prometheus_client's Histogram observing each token, bucket for bucket (bounds included)."""

@@ -12,7 +12,12 @@ streamed, at Poisson arrivals (or all at once), as vLLM's serving benchmark meas
 Per rate: requests/s, output and total tok/s, TTFT, TPOT, ITL and end-to-end p50/p90/p99, and
 goodput (requests/s that met the SLO flags). TTFT is the first chunk with text, ITL the gaps
 between chunks with text (a chunk holds what the engine committed since the last: one token, or
-more when the server's writer fell behind), TPOT (last - first) / (tokens - 1) from the usage."""
+more when the server's writer fell behind), TPOT (last - first) / (tokens - 1) from the usage.
+
+Where the TTFT goes, as means over each run from the server's /metrics before and after it (so
+bench-serve should be the server's only client): the client and HTTP (the client's TTFT less the
+API process's), the API process to the engine process's receipt, the engine (tokenizing, queueing,
+prefill, the commit of the first text), and back to the API process."""
 from __future__ import annotations
 
 import asyncio
@@ -67,6 +72,7 @@ class ServeResult:
     e2e_ms: list[float]
     ttft_ms_quantiles: list[float]  # at 0, 1, ..., 100 %: the CDFs the plot draws
     itl_ms_quantiles: list[float]
+    ttft_path_ms: dict[str, float] = field(default_factory=dict)  # mean TTFT by hop (see ttft_path)
 
 
 def _requests(workload: str, count: int, prompt_range: tuple[int, int], output_range: tuple[int, int],
@@ -164,6 +170,40 @@ async def _run_rate(url: str, headers: dict, requests: list[tuple[str, dict]], r
     return list(timings), wall
 
 
+PATH_HOPS = ("api_to_engine", "engine", "engine_to_api")
+
+
+def _scrape(url: str, headers: dict) -> dict[str, float]:
+    """The server's TTFT sum and count and its first-token path counters ({} from a server without them)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + "/metrics", headers=headers),
+                                timeout=10) as r:
+        text = r.read().decode()
+    wanted = {"slipstream_time_to_first_token_seconds_sum": "ttft_sum",
+              "slipstream_time_to_first_token_seconds_count": "ttft_count",
+              "slipstream_first_token_path_requests_total": "paths"}
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                values[wanted[sample.name]] = sample.value
+            elif sample.name == "slipstream_first_token_path_seconds_total":
+                values[sample.labels["hop"]] = sample.value
+    return values
+
+
+def ttft_path(before: dict[str, float], after: dict[str, float], client_ttft_ms: list[float]) -> dict[str, float]:
+    """Mean TTFT by hop over a run (ms): `client_and_http` is the client's mean less the API process's."""
+    paths = after.get("paths", 0) - before.get("paths", 0)
+    counted = after.get("ttft_count", 0) - before.get("ttft_count", 0)
+    if paths <= 0 or counted <= 0 or not client_ttft_ms:
+        return {}
+    api_ms = (after["ttft_sum"] - before["ttft_sum"]) / counted * 1e3
+    return {"client_and_http": float(np.mean(client_ttft_ms)) - api_ms,
+            **{hop: (after[hop] - before.get(hop, 0.0)) / paths * 1e3 for hop in PATH_HOPS}}
+
+
 def summarize(workload: str, label: str, rate: float, timings: list[Timing], wall: float,
               slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> ServeResult:
     ok = [t for t in timings if t.error is None and t.chunks]
@@ -196,6 +236,11 @@ def format_table(results: list[ServeResult]) -> str:
                                  f"{r.requests_s:,.1f}", f"{r.output_tok_s:,.0f}", f"{r.total_tok_s:,.0f}",
                                  f"{r.goodput_s:,.1f}", *("/".join(f"{x:.2f}" for x in xs)
                                                          for xs in (r.ttft_ms, r.tpot_ms, r.itl_ms, r.e2e_ms))]))
+    paths = [r for r in results if r.ttft_path_ms]
+    if paths:
+        lines.append("TTFT path, mean ms: client and HTTP | API process -> engine | engine | engine -> API process")
+        lines += [f"  rate {r.rate:g}: " + " | ".join(f"{r.ttft_path_ms[k]:.2f}" for k in ("client_and_http", *PATH_HOPS))
+                  for r in paths]
     return "\n".join(lines)
 
 
@@ -220,8 +265,12 @@ def run(url: str, api_key: str | None, workload: str, rates: list[str], count: i
     asyncio.run(_run_rate(url, headers, requests[: min(8, len(requests))], float("inf"), seed))  # warm-up
 
     def at(rate: float) -> ServeResult:
+        before = _scrape(url, headers)
         timings, wall = asyncio.run(_run_rate(url, headers, requests, rate, seed + 1, max_concurrency))
-        return summarize(workload, label, rate, timings, wall, slo_ttft_ms, slo_tpot_ms)
+        result = summarize(workload, label, rate, timings, wall, slo_ttft_ms, slo_tpot_ms)
+        client_ttft = [(t.chunks[0] - t.sent) * 1e3 for t in timings if t.error is None and t.chunks]
+        result.ttft_path_ms = ttft_path(before, _scrape(url, headers), client_ttft)
+        return result
 
     results = at_rates(parse_rates(rates), at)
     print(format_table(results))

@@ -71,6 +71,7 @@ class _Server:
         self.pieces = _TokenPieces(llm)
 
     def handle(self, message: Generate | Skill | Abort) -> None:
+        received = time.monotonic()
         if isinstance(message, Abort):
             for engine_id in self.running.engine_ids(message.id):
                 self.llm.abort(engine_id)
@@ -91,7 +92,7 @@ class _Server:
         for index, seq in enumerate(seqs):
             ship = self.pieces.shipper()
             if not spatial:
-                seq.on_token = self._on_token(message.id, index, ship)
+                seq.on_token = self._on_token(message.id, index, ship, received)
             queued.append((seq, self._on_finish(message.id, index, seq, ship)))
         try:
             self.running.start(message.id, lambda: [self.llm.enqueue(seq, done) for seq, done in queued])
@@ -118,11 +119,17 @@ class _Server:
             raise
         return seqs
 
-    def _on_token(self, request_id: str, index: int, ship: "_Shipper") -> Callable[[Sequence, str], None]:
+    def _on_token(self, request_id: str, index: int, ship: "_Shipper",
+                  received: float) -> Callable[[Sequence, str], None]:
+        first = True
+
         def on_token(seq: Sequence, delta: str) -> None:
+            nonlocal first
             logprobs = ship(seq.output_ids, seq.logprobs, seq.params.logprobs)
             if delta or logprobs:
-                self.outbox.put(Delta(request_id, index, delta, len(seq.output_ids), logprobs=logprobs))
+                stamps = (received, time.monotonic()) if first else None
+                first = False
+                self.outbox.put(Delta(request_id, index, delta, len(seq.output_ids), logprobs=logprobs, stamps=stamps))
 
         return on_token
 

@@ -1,5 +1,7 @@
 """`GET /metrics` in Prometheus's text format: requests by finish reason, TTFT / ITL / end-to-end
-latency histograms as the API process sees them, and the engine's own figures from the stats it
+latency histograms as the API process sees them, the TTFT split along the first token's path (seconds
+summed per hop: the API process to the engine's receipt, the engine to its commit of the first text,
+back to the API process; bench-serve turns them into means), and the engine's own figures from the stats it
 sends twice a second: requests running and waiting, KV pages (and the prefix cache's), steps, prompt
 tokens and those found cached, and (step timing on) GPU busy and idle time over the steps and idle
 per step, read from CUDA events on the compute stream."""
@@ -60,6 +62,12 @@ class ServerMetrics:
         self.itl = LatencyHistogram("slipstream_inter_token_latency_seconds", "Between output tokens (a delta's "
                                     "time over its tokens)")
         self.e2e = LatencyHistogram("slipstream_e2e_request_latency_seconds", "Arrival to the last token")
+        self.first_token_path = Counter("slipstream_first_token_path_seconds", "TTFT by hop, summed over the "
+                                        "requests counted in first_token_path_requests (api_to_engine: arrival to "
+                                        "the engine process's receipt; engine: to the loop's commit of the first "
+                                        "text; engine_to_api: back in the API process)", ["hop"], registry=r)
+        self.first_token_paths = Counter("slipstream_first_token_path_requests", "Requests whose first token's "
+                                         "path is counted", registry=r)
         self.in_flight = Gauge("slipstream_requests_in_flight", "Requests the API process is serving", registry=r)
         r.register(_Histograms((self.ttft, self.itl, self.e2e)))
         r.register(_EngineCollector(engine))
@@ -72,17 +80,19 @@ class ServerMetrics:
 
     async def observe(self, batches: AsyncIterator[list[Delta]]) -> AsyncIterator[list[Delta]]:
         """The request's batches of deltas, timed on their way through (each choice's tokens apart)."""
-        start = time.perf_counter()
+        start = time.monotonic()  # (the engine's stamps are on this clock)
         tokens: dict[int, tuple[int, float]] = {}  # choice -> (tokens so far, time of the last)
         reason = "client_gone"
         try:
             async for batch in batches:
-                now = time.perf_counter()
+                now = time.monotonic()
                 for delta in batch:
                     seen, last = tokens.get(delta.index, (0, start))
                     if delta.completion_tokens > seen:
                         if not tokens:
                             self.ttft.observe(now - start)
+                            if delta.stamps is not None:
+                                self._observe_path(start, *delta.stamps, now)
                         elif seen:
                             new = delta.completion_tokens - seen
                             self.itl.observe((now - last) / new, new)
@@ -93,10 +103,16 @@ class ServerMetrics:
                         reason = delta.finish_reason
                 yield batch
             if reason != "client_gone":
-                self.e2e.observe(time.perf_counter() - start)
+                self.e2e.observe(time.monotonic() - start)
         finally:
             self.requests.labels(reason).inc()
             await batches.aclose()
+
+    def _observe_path(self, arrived: float, received: float, committed: float, back: float) -> None:
+        for hop, seconds in (("api_to_engine", received - arrived), ("engine", committed - received),
+                             ("engine_to_api", back - committed)):
+            self.first_token_path.labels(hop).inc(seconds)
+        self.first_token_paths.inc()
 
 
 class _Histograms:

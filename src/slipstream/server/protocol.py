@@ -3,7 +3,8 @@
 API -> engine: `Generate` (a prompt or chat messages, the sampling fields, n choices), `Skill` (a
 Moondream 2 skill on an image), `Abort`. Engine -> API: batches of `Delta` (a choice's new text and
 its tokens' logprobs; a choice's last delta carries its finish reason, token counts, points or
-boxes, or an error), one `Ready` when the model is loaded, and `Stats` twice a second."""
+boxes, or an error; its first delta with tokens, the engine's stamps of its first token's path),
+one `Ready` when the model is loaded, and `Stats` twice a second."""
 from __future__ import annotations
 
 import msgspec
@@ -36,7 +37,8 @@ class TokenLogprob(msgspec.Struct, array_like=True):
     top: list[tuple[bytes, float]]
 
 
-class Delta(msgspec.Struct, tag=True):
+class Delta(msgspec.Struct, tag=True, omit_defaults=True):
+    """(Fields left at their defaults are not sent.)"""
     id: str
     index: int = 0  # the choice
     text: str = ""
@@ -48,6 +50,9 @@ class Delta(msgspec.Struct, tag=True):
     objects: list[dict] | None = None  # point / detect: the points or boxes
     error: str | None = None  # the request failed: `invalid` says whether its input was at fault
     invalid: bool = False
+    # a choice's first delta with tokens: when the engine process received the request and when the
+    # loop committed that text (time.monotonic: one clock for every process of a Linux host)
+    stamps: tuple[float, float] | None = None
 
 
 class Ready(msgspec.Struct, tag=True):
