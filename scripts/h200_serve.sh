@@ -5,9 +5,10 @@
 # then per mode, in one call: the offline engine's mixed and one-at-a-time (ttft) workloads, a `slipstream
 # serve` of that mode on the same shape, and bench-serve through it: the mixed workload all at once
 # and at 25/50/90% of its capacity, and one request at a time (128-token prompts, 16 output tokens,
-# as the offline ttft run) for what the HTTP path adds to TTFT and ITL. MODES, OFFLINE_MODES and MODEL pick a subset,
-# TESTS=0 skips the tests. Each step has a time limit; a bench-serve that fails or runs out of time has
-# both server processes print their threads' stacks into the server's log.
+# as the offline ttft run) for what the HTTP path adds to TTFT and ITL, with the TTFT split by hop.
+# MODES, OFFLINE_MODES and MODEL pick a subset, TESTS=0 skips the tests. Each step has a time limit; a
+# bench-serve that fails or runs out of time has both server processes print their threads' stacks into
+# the server's log (SIGUSR1).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
