@@ -205,7 +205,9 @@ def ttft_path(before: dict[str, float], after: dict[str, float], client_ttft_ms:
 
 
 def summarize(workload: str, label: str, rate: float, timings: list[Timing], wall: float,
-              slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> ServeResult:
+              slo_ttft_ms: float | None, slo_tpot_ms: float | None,
+              scraped: tuple[dict[str, float], dict[str, float]] = ({}, {})) -> ServeResult:
+    """`scraped`: the server's counters before and after the run (`_scrape`), for the TTFT by hop."""
     ok = [t for t in timings if t.error is None and t.chunks]
     ttft = [(t.chunks[0] - t.sent) * 1e3 for t in ok]
     per_token = [(t.chunks[-1] - t.chunks[0]) * 1e3 / (t.output_tokens - 1) if t.output_tokens > 1 else None
@@ -224,7 +226,7 @@ def summarize(workload: str, label: str, rate: float, timings: list[Timing], wal
     return ServeResult(workload, label, rate, len(timings), len(timings) - len(ok), prompt, output, wall,
                        len(ok) / wall, output / wall, (prompt + output) / wall, good / wall, pct(ttft, [50, 90, 99]),
                        pct(tpot, [50, 90, 99]), pct(itl, [50, 90, 99]), pct(e2e, [50, 90, 99]),
-                       pct(ttft, np.arange(101)), pct(itl, np.arange(101)))
+                       pct(ttft, np.arange(101)), pct(itl, np.arange(101)), ttft_path(*scraped, ttft))
 
 
 def format_table(results: list[ServeResult]) -> str:
@@ -239,8 +241,8 @@ def format_table(results: list[ServeResult]) -> str:
     paths = [r for r in results if r.ttft_path_ms]
     if paths:
         lines.append("TTFT path, mean ms: client and HTTP | API process -> engine | engine | engine -> API process")
-        lines += [f"  rate {r.rate:g}: " + " | ".join(f"{r.ttft_path_ms[k]:.2f}" for k in ("client_and_http", *PATH_HOPS))
-                  for r in paths]
+        lines += [f"  rate {r.rate:g}: " + " | ".join(f"{r.ttft_path_ms[k]:.2f}"
+                                                       for k in ("client_and_http", *PATH_HOPS)) for r in paths]
     return "\n".join(lines)
 
 
@@ -267,10 +269,8 @@ def run(url: str, api_key: str | None, workload: str, rates: list[str], count: i
     def at(rate: float) -> ServeResult:
         before = _scrape(url, headers)
         timings, wall = asyncio.run(_run_rate(url, headers, requests, rate, seed + 1, max_concurrency))
-        result = summarize(workload, label, rate, timings, wall, slo_ttft_ms, slo_tpot_ms)
-        client_ttft = [(t.chunks[0] - t.sent) * 1e3 for t in timings if t.error is None and t.chunks]
-        result.ttft_path_ms = ttft_path(before, _scrape(url, headers), client_ttft)
-        return result
+        return summarize(workload, label, rate, timings, wall, slo_ttft_ms, slo_tpot_ms,
+                         (before, _scrape(url, headers)))
 
     results = at_rates(parse_rates(rates), at)
     print(format_table(results))

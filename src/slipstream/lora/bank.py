@@ -33,15 +33,14 @@ class LayerLora:
     def __init__(self, stacks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], slots: torch.Tensor) -> None:
         self.stacks, self.slots = stacks, slots
 
-    def add(self, target: str, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """out += each row's adapter delta of `target` over x, in place; returns out."""
+    def add(self, target: str, out: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+        """out = base + each row's adapter delta of `target` over x (base: out itself, in place); returns out."""
         a, b, ranks = self.stacks[target]
-        return lora_add(out, x, a, b, ranks, self.slots[: x.shape[0]])
+        return lora_add(out, x, a, b, ranks, self.slots[: x.shape[0]], base)
 
     def plus(self, target: str, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + each row's delta (a new tensor: the residual stream stays as it was)."""
-        a, b, ranks = self.stacks[target]
-        return lora_add(torch.empty_like(residual), x, a, b, ranks, self.slots[: x.shape[0]], base=residual)
+        return self.add(target, torch.empty_like(residual), x, base=residual)
 
 
 class LoraRows:

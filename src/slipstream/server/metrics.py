@@ -1,10 +1,10 @@
 """`GET /metrics` in Prometheus's text format: requests by finish reason, TTFT / ITL / end-to-end
-latency histograms as the API process sees them, the TTFT split along the first token's path (seconds
-summed per hop: the API process to the engine's receipt, the engine to its commit of the first text,
-back to the API process; bench-serve turns them into means), and the engine's own figures from the stats it
-sends twice a second: requests running and waiting, KV pages (and the prefix cache's), steps, prompt
-tokens and those found cached, and (step timing on) GPU busy and idle time over the steps and idle
-per step, read from CUDA events on the compute stream."""
+latency histograms as the API process sees them, the TTFT split along the first token's path
+(seconds summed per hop: the API process to the engine's receipt, the engine to its commit of the
+first text, back to the API process; bench-serve turns them into means), and the engine's own
+figures from the stats it sends twice a second: requests running and waiting, KV pages (and the
+prefix cache's), steps, prompt tokens and those found cached, and (step timing on) GPU busy and idle
+time over the steps and idle per step, read from CUDA events on the compute stream."""
 from __future__ import annotations
 
 import bisect
