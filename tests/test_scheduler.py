@@ -1,8 +1,10 @@
 """The tick and the zombie rules, stepped by hand on an EngineCore (no loop thread)."""
 from __future__ import annotations
 
+import math
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -153,7 +155,7 @@ class InvariantChecker:
     def __init__(self, core) -> None:
         self.core, self.sched = core, core.scheduler
         self.admitted: list[int] = []
-        self.launches = {"prefill": 0, "decode": 0, "mixed": 0, "chunked": 0}
+        self.launches = {"prefill": 0, "decode": 0, "mixed": 0, "chunked": 0, "scaled": 0}
         launch = core.runner.launch_forward
         core.runner.launch_forward = lambda step: self.check_step(step) or launch(step)
 
@@ -161,7 +163,9 @@ class InvariantChecker:
         sched = self.sched
         assert step.num_tokens <= sched.max_step_tokens  # 1
         if step.num_decode:
-            assert step.num_tokens - step.num_decode <= sched.max_prefill_chunk  # 1
+            prompt_tokens = step.num_tokens - step.num_decode
+            assert prompt_tokens <= sched.prefill_chunk(step.seqs[:step.num_decode])  # 1
+            self.launches["scaled"] += prompt_tokens > sched.max_prefill_chunk
         decodable = {s.request_id for s in sched.running.values()
                      if not s.finalized and not s.prefilling and s.sampled_launched < s.max_tokens}
         rows = step.seqs[:step.num_decode]
@@ -218,6 +222,22 @@ def test_planning_invariants_hold_at_every_step(tiny_llama, mode):
     assert all(s.finalized for s in seqs) and core.pool.num_free == core.pool.total
     assert victim.finish_reason == "abort" and victim.output_ids == []
     assert checker.launches["mixed"] and checker.launches["chunked"] and checker.launches["decode"]
+    assert checker.launches["scaled"]  # (rows whose KV outweighs the tiny model's weights took larger chunks)
+
+
+def test_1_the_prompt_share_beside_decode_rows_grows_with_the_kv_they_read(tiny_llama):
+    """A decode step reads the weights and its rows' KV: rows reading as many KV bytes as the
+    weights cost twice what rows reading none do, and carry twice `max_prefill_chunk` prompt tokens."""
+    core = make_core(tiny_llama, "pipelined", [], max_prefill_chunk=10)
+    sched, cfg = core.scheduler, tiny_llama.hf.config
+    weights = sum(p.numel() for name, p in tiny_llama.hf.named_parameters() if name != "model.embed_tokens.weight")
+    kv_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.hidden_size // cfg.num_attention_heads
+    assert sched.weight_kv_tokens == pytest.approx(weights / kv_token)
+    rows = lambda *lengths: [SimpleNamespace(kv_len=n) for n in lengths]
+    weights_worth = math.ceil(sched.weight_kv_tokens)  # (KV tokens of as many bytes as the weights, rounded up)
+    assert sched.prefill_chunk([]) == sched.prefill_chunk(rows(0, 0)) == 10
+    assert sched.prefill_chunk(rows(weights_worth // 2, weights_worth - weights_worth // 2)) == 20
+    assert sched.prefill_chunk(rows(*[weights_worth] * 3)) == 40
 
 
 @pytest.mark.parametrize("mode", ["pipelined", "blocking"])

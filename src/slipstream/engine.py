@@ -93,8 +93,9 @@ class EngineCore:
                                   cfg.cuda_graphs, heads, self.lora)
         if cfg.step_timing:
             self.runner.clock = StepClock(self.layer)
+        kv_token_bytes = KVCache.bytes_per_page(mc.num_layers, 1, mc.num_kv_heads, mc.head_dim, cfg.dtype)
         self.scheduler = Scheduler(self.runner, self.pool, cfg.depth, cfg.max_num_seqs, cfg.step_tokens,
-                                   cfg.max_prefill_chunk, on_finish)
+                                   cfg.max_prefill_chunk, net.decode_weight_bytes() / kv_token_bytes, on_finish)
         self._ids = itertools.count()
         self._grammar = None  # the XGrammar backend, built at the first structured-output request
         self._grammar_lock = threading.Lock()

@@ -9,17 +9,18 @@ appends nothing and only drops the reference.
 
 Each step is planned under one token budget (`max_step_tokens`): a decode row for every running
 sequence, then chunks of prompts, oldest first — the rest of prompts already admitted, then new
-admissions as rows and pages allow — of at most `max_prefill_chunk` tokens in all while anything
-decodes. Planning invariants (each has a test in tests/test_scheduler.py):
-  1. A step carries at most `max_step_tokens` tokens, and at most `max_prefill_chunk` prompt tokens
-     beside decode rows; every running sequence that still has tokens to produce is a decode row
-     of every step: a prompt never pauses decoding for longer than one such step.
+admissions as rows and pages allow — of at most `prefill_chunk(decode rows)` tokens in all while
+anything decodes: `max_prefill_chunk` scaled by what the rows cost (see there). Planning invariants
+(each has a test in tests/test_scheduler.py):
+  1. A step carries at most `max_step_tokens` tokens, and at most `prefill_chunk(its decode rows)`
+     prompt tokens beside decode rows; every running sequence that still has tokens to produce is a
+     decode row of every step: a prompt never pauses decoding for longer than one such step.
   2. A prompt is prefilled in order: each chunk starts where the previous launched chunk ended, and
      only the chunk that ends the prompt samples; a sequence is a decode row only after that.
   3. Admission is first come, first served: a request is admitted only after every earlier one.
      An image's prefix (Moondream: 730 positions, prefilled by the image path) is charged against
      the budget when it is new; it enters a step only first among the prompts or while the budget
-     covers it, and its prompt's first chunk (up to `max_prefill_chunk` tokens) rides with it.
+     covers it, and its prompt's first chunk (up to `prefill_chunk` tokens) rides with it.
   4. Every sequence of a step holds one in-flight reference from the step's launch to its commit;
      a sequence's row, pages and LoRA slot are released only when it is finalized and holds none.
   5. A step's masks are filled only after the previous step's tokens advanced every constraint
@@ -120,13 +121,14 @@ class Sequence:
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, pool: PagePool, depth: int, max_num_seqs: int, max_step_tokens: int,
-                 max_prefill_chunk: int, on_finish: Callable[[Sequence], None]) -> None:
+                 max_prefill_chunk: int, weight_kv_tokens: float, on_finish: Callable[[Sequence], None]) -> None:
         self.runner = runner
         self.pool = pool
         self.pipeline = Pipeline(depth)
         self.max_num_seqs = max_num_seqs
         self.max_step_tokens = max_step_tokens
         self.max_prefill_chunk = max_prefill_chunk
+        self.weight_kv_tokens = weight_kv_tokens  # KV tokens as many bytes as a decode step's weights
         self.on_finish = on_finish
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # holds a row and pages: live sequences and zombies
@@ -224,6 +226,16 @@ class Scheduler:
             self._finalize(step)
         return True
 
+    def prefill_chunk(self, decode: list[Sequence]) -> int:
+        """The prompt tokens a step may carry beside these decode rows: `max_prefill_chunk` for rows
+        that read little KV, scaled by (weights + the rows' KV) / weights. A decode step is bound by
+        the bytes it reads and a chunk by its tokens' compute, so the chunk's share of the step, and
+        what it adds to the running rows' inter-token latency, stay in proportion whether the rows
+        read 1 GB or 30 (Phi-1.5's 256 rows of ~620 tokens read 11x its weights: a fixed chunk made
+        every admission a step paying that read for a few hundred prompt tokens)."""
+        context = sum(s.kv_len for s in decode)
+        return int(self.max_prefill_chunk * (1.0 + context / self.weight_kv_tokens))
+
     def _plan(self) -> Step | None:
         """The next step: a decode row for every live sequence that still has tokens to produce (one
         whose launched steps already reach max_tokens is known to finish, so it never becomes a
@@ -236,8 +248,9 @@ class Scheduler:
                 elif s.sampled_launched < s.max_tokens:
                     decode.append(s)
         budget = self.max_step_tokens - len(decode)
+        chunk = self.prefill_chunk(decode)
         if decode:
-            budget = min(budget, self.max_prefill_chunk)
+            budget = min(budget, chunk)
         chunked, chunks, images, copies = [], [], [], []
         for s in prefilling:  # admitted earlier (in admission order), part of the prompt still to go
             if budget == 0:
@@ -274,7 +287,7 @@ class Scheduler:
                     for page, key in zip(prefix.pages, prefix.keys):  # (the step writes them before any
                         self.pool.register(page, key)  # prompt of it reads them: admissions after this one share them)
                     prompt = len(seq.prompt_ids) - prefix.length
-                    budget = max(budget - prefix.length, min(prompt, self.max_prefill_chunk))
+                    budget = max(budget - prefix.length, min(prompt, chunk))
                 if hits:  # (its first own page is a cached copy of the prefix's partial page and what follows)
                     start += shared * self.pool.page_size
                 else:

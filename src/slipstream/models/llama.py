@@ -145,6 +145,12 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             layer.fuse()
 
+    def decode_weight_bytes(self) -> int:
+        """The weight bytes a decode step reads: every parameter but the input embedding table, of
+        which it gathers only its rows (unless the table is the LM head's too)."""
+        embed = self.model.embed_tokens.weight
+        return sum(p.nbytes for p in self.parameters() if p is not embed or p is self.lm_head.weight)
+
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionInputs, kv: KVCache,
                 logits_index: torch.Tensor | None, logits_out: torch.Tensor | None = None,
                 hidden_out: torch.Tensor | None = None, lora=None) -> torch.Tensor:
