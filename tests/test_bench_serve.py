@@ -29,19 +29,25 @@ def test_the_mixed_workload_at_rates_of_its_capacity(server, tmp_path, capsys):
                  "--out", str(out)]) == 0
     saved = json.loads(out.read_text())
     first, second = saved["results"]
-    rng = random.Random(0)  # (the requests are drawn as bench/serve.py draws them)
-    asked = 0
-    for _ in range(24):
-        n, m = rng.randint(5, 60), rng.randint(2, 6)
-        for _ in range(n):
-            rng.randrange(saved["model"]["vocab_size"])
-        asked += m
+    rng = random.Random(0)  # (the lengths are drawn as bench/serve.py draws them)
+    asked = sum([rng.randint(5, 60), rng.randint(2, 6)][1] for _ in range(24))
     for r in (first, second):
         assert r["requests"] == 24 and r["failed"] == 0 and r["output_tokens"] == asked
         assert 0 < r["ttft_ms"][0] <= r["ttft_ms"][2] <= r["e2e_ms"][2] and r["itl_ms"][0] > 0
         assert r["goodput_s"] == pytest.approx(r["requests_s"])  # (an SLO every request meets)
     assert first["rate"] == float("inf") and second["rate"] == pytest.approx(first["requests_s"] / 2)
     assert out.with_suffix(".png").exists() and "TTFT p50/p90/p99" in capsys.readouterr().out
+
+
+def test_each_rate_sends_new_prompts_of_the_same_lengths():
+    """A rate's prompts are never found in the prefix cache an earlier rate filled."""
+    from slipstream.bench.serve import _requests
+
+    model = {"max_model_len": 512, "vocab_size": 1000}
+    first, second = (_requests("mixed", 8, (5, 60), (2, 6), model, 0, draw) for draw in (0, 1))
+    assert [(len(a["prompt"]), a["max_tokens"]) for _, a in first] == [(len(b["prompt"]), b["max_tokens"])
+                                                                       for _, b in second]
+    assert all(a["prompt"] != b["prompt"] for (_, a), (_, b) in zip(first, second))
 
 
 def test_short_requests_one_at_a_time_an_slo_none_meets_and_where_their_ttft_went(server, tmp_path, capsys):

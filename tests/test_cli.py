@@ -59,11 +59,14 @@ def test_bench_traffic_workloads_write_json_and_a_plot(tmp_path, capsys):
         assert r["requests"] == 12 and 24 <= r["output_tokens"] <= 72 and 60 <= r["prompt_tokens"] <= 720
         assert 0 < r["ttft_ms_p50"] <= r["ttft_ms_p99"] <= r["e2e_ms_p99"] and r["itl_ms_p50"] > 0
     assert results[1]["rate"] == results[0]["requests_s"] / 2  # 50% of the capacity measured all at once
+    engines = json.loads(out.read_text())["engine"]
+    assert [engines[m]["cached_prompt_tokens"] for m in ("pipelined", "blocking")] == [0, 0]  # (every prompt new)
     assert out.with_suffix(".png").exists() and "TTFT p50/p99" in capsys.readouterr().out
     assert main(base + ["--workload", "ttft,interference", "--ttft-lengths", "8,40", "--decoding", "2",
                         "--arrival-tokens", "30", "--mode", "blocking", "--out", str(out)]) == 0
-    assert [r["workload"] for r in json.loads(out.read_text())["results"]] == [
-        "ttft 8", "ttft 40", "decode only", "interference"]
+    report = json.loads(out.read_text())
+    assert [r["workload"] for r in report["results"]] == ["ttft 8", "ttft 40", "decode only", "interference"]
+    assert report["engine"]["blocking"]["cached_prompt_tokens"] == 0
     assert main(base + ["--workload", "mixed,ttft", "--ttft-lengths", "16,5000"]) == 2  # (before any run)
     assert "--ttft-lengths asks for 5000-token prompts" in capsys.readouterr().err
     assert main(base + ["--workload", "mixed,short"]) == 2

@@ -79,15 +79,22 @@ def decode_step_ms(commit_log: list[tuple[str, float]]) -> list[float]:
 JSON_BENCH_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 
 
-def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: int = 0,
-             constrained: float = 0.0, temperature: float = 0.0, top_p: float = 1.0,
-             loras: list[str] | None = None) -> BenchResult:
+_TOKENS = random.Random(0)  # the token ids of every prompt the benchmarks draw (random_prompts)
+
+
+def random_prompts(llm: LLM, lengths: list[int]) -> list[list[int]]:
+    """Prompts of random token ids, each new in this process (one seeded stream draws them all): no
+    workload is served from the prefix cache unless it is the one measuring it."""
+    vocab = llm.core.model_config.vocab_size
+    return [[_TOKENS.randrange(vocab) for _ in range(n)] for n in lengths]
+
+
+def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, constrained: float = 0.0,
+             temperature: float = 0.0, top_p: float = 1.0, loras: list[str] | None = None) -> BenchResult:
     """The decode workload; `constrained` is the fraction of streams under a JSON schema, the others
     sample at `temperature` (0: greedy), from the nucleus `top_p`; `loras`: stream i decodes under
     adapter i mod len(loras)."""
-    rng = random.Random(seed)
-    vocab = llm.core.model_config.vocab_size
-    prompts = [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(streams)]
+    prompts = random_prompts(llm, [prompt_tokens] * streams)
     n_json = round(constrained * streams)
     params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, json_schema=JSON_BENCH_SCHEMA)] * n_json
     params += [SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature, top_p=top_p,
@@ -108,7 +115,6 @@ def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, seed: 
 
 def run_short_case(llm: LLM, streams: int, prompt_tokens: int, requests_per_stream: int = 16,
                    seed: int = 0) -> BenchResult:
-    vocab = llm.core.model_config.vocab_size
     log = llm.core.scheduler.commit_log
     log.clear()
     consumer = Consumer()
@@ -116,8 +122,7 @@ def run_short_case(llm: LLM, streams: int, prompt_tokens: int, requests_per_stre
 
     def client(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
-        for _ in range(requests_per_stream):
-            prompt = [rng.randrange(vocab) for _ in range(prompt_tokens)]
+        for prompt in random_prompts(llm, [prompt_tokens] * requests_per_stream):
             params = SamplingParams(max_tokens=rng.randint(1, 4), ignore_eos=True)
             outs.append(llm.result(llm.submit(prompt, params, on_token=consumer.push)))
 
@@ -139,9 +144,7 @@ def _result(llm: LLM, workload: str, streams: int, prompt_tokens: int, max_token
 def run_zombie_cases(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int = 16) -> list[BenchResult]:
     """The zombie tax: short outputs ended by a stop token (the step after it is already in flight,
     so it runs as a zombie) vs the same tokens ended by max_tokens (known in advance, never zombied)."""
-    rng = random.Random(5)
-    vocab = llm.core.model_config.vocab_size
-    prompts = [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(streams)]
+    prompts = random_prompts(llm, [prompt_tokens] * streams)
     ref = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))]
     ends = [max(j for j in range(len(r)) if r[j] not in r[:j]) for r in ref]  # a token seen first at j
     by_stop = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=[r[j]]) for r, j in zip(ref, ends)]
@@ -242,7 +245,7 @@ def run(model: str | None, streams: list[int], modes: list[str], prompt_tokens: 
             if llm.core.config.device.type == "cuda" and bandwidth is None:
                 bandwidth = copy_bandwidth()
             for n in sorted(set(streams)):  # warm-up: each batch shape's first use, the grammar's compile
-                run_case(llm, n, prompt_tokens, 8, seed=99, constrained=1.0 if workload == "constrained" else 0.0,
+                run_case(llm, n, prompt_tokens, 8, constrained=1.0 if workload == "constrained" else 0.0,
                          temperature=temperature, top_p=top_p)
             for n in streams:
                 bar.set_postfix_str(f"{mode} x{n}")

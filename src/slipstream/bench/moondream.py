@@ -15,6 +15,7 @@ and is timed, as a user pays it.
   its compute floor (2 x encoder parameters x patches / the dense bf16 peak measured here; GPU only)."""
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -84,9 +85,12 @@ def _text_tokens(llm: LLM, image: Image.Image, prompt: list[int], max_tokens: in
     return len(llm._run(llm.core.make_image_sequence(llm._prefix(image), prompt, params, Skill.TEXT)).token_ids)
 
 
-def run_workload(llm: LLM, workload: str, clients: int, max_tokens: int, seed: int) -> SkillResult:
+_IMAGE_SEEDS = itertools.count(1)  # each workload's images are new: none finds an earlier one's prefix cached
+
+
+def run_workload(llm: LLM, workload: str, clients: int, max_tokens: int) -> SkillResult:
     per_client = max(2, 64 // clients) if workload == "md2-query" else max(2, 16 // clients)
-    images = synthetic_images(clients * per_client, seed)
+    images = synthetic_images(clients * per_client, next(_IMAGE_SEEDS))
     tok = llm.core.moondream.tokenizer
     if workload == "md2-query":
         prompt = query_prompt(tok, llm.tokenizer.encode(QUESTION))
@@ -107,7 +111,7 @@ def run_workload(llm: LLM, workload: str, clients: int, max_tokens: int, seed: i
     return closed_loop(llm, workload, clients, per_client, request)
 
 
-def run_reuse(llm: LLM, groups: int, seed: int) -> list[SkillResult]:
+def run_reuse(llm: LLM, groups: int) -> list[SkillResult]:
     """A caption and 4 queries about one image, sent together: 5 separate requests with no reuse
     (the prefix cache's lookups off), 5 separate requests finding the image's prefix in the cache
     (where the engine caches), or one encoded image."""
@@ -116,8 +120,8 @@ def run_reuse(llm: LLM, groups: int, seed: int) -> list[SkillResult]:
     results = []
     caching = llm.core.pool.caching
     variants = [("separate, no reuse", False, False)] + ([("separate, cached", False, True)] if caching else [])
-    for k, (name, shared, cache) in enumerate(variants + [("encoded", True, caching)]):
-        images = synthetic_images(groups, seed + k)
+    for name, shared, cache in variants + [("encoded", True, caching)]:
+        images = synthetic_images(groups, next(_IMAGE_SEEDS))
         llm.core.pool.caching = cache  # (read by the loop thread at its next admission)
 
         def group(i: int) -> int:
@@ -203,18 +207,18 @@ def run(model: str | None, workloads: list[str], modes: list[str], clients: list
             llm._moondream()
             if (profile or "md2-encoder" in workloads) and not llm.core.layer.is_cuda:
                 raise ValueError("--profile and md2-encoder time CUDA events: they need a CUDA device")
-            run_workload(llm, "md2-query", 2, 8, seed=99)  # warm-up
+            run_workload(llm, "md2-query", 2, 8)  # warm-up
             for workload in workloads:
                 if workload == "md2-encoder":
                     if not encoder:
                         encoder = run_encoder(llm)
                 elif workload == "md2-reuse":
-                    results.extend(run_reuse(llm, 8, seed=7))
+                    results.extend(run_reuse(llm, 8))
                 else:
                     for n in clients:
                         if profile:
                             new_profiler(llm, max_steps=8192)
-                        results.append(run_workload(llm, workload, n, max_tokens, seed=n))
+                        results.append(run_workload(llm, workload, n, max_tokens))
                         profiles.update(take_profile(llm, f"{mode} {workload} x{n}"))
         finally:
             llm.shutdown()

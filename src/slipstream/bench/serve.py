@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import io
 import random
 import time
@@ -76,16 +77,18 @@ class ServeResult:
 
 
 def _requests(workload: str, count: int, prompt_range: tuple[int, int], output_range: tuple[int, int],
-              model: dict, seed: int) -> list[tuple[str, dict]]:
-    """(route, body) of each request, made before the clock starts."""
-    rng = random.Random(seed)
+              model: dict, seed: int, draw: int) -> list[tuple[str, dict]]:
+    """(route, body) of each request, made before the clock starts. `seed` draws the lengths, the
+    same for every `draw`; the prompts' tokens and the images are new for each `draw`, so a rate's
+    requests are never served from the prefix cache an earlier rate (or the warm-up) filled."""
+    rng, tokens = random.Random(seed), random.Random(f"{seed}:{draw}")
     if workload == "md2-query":
         if not model.get("moondream"):
             raise ValueError("md2-query needs a Moondream 2 server (slipstream serve --model random:moondream2)")
         from .moondream import synthetic_images
 
         out = []
-        for img in synthetic_images(count, seed):
+        for img in synthetic_images(count, seed * 1000 + draw):
             jpeg = io.BytesIO()
             img.save(jpeg, format="JPEG", quality=90)
             url = "data:image/jpeg;base64," + base64.b64encode(jpeg.getvalue()).decode()
@@ -102,7 +105,7 @@ def _requests(workload: str, count: int, prompt_range: tuple[int, int], output_r
     out = []
     for _ in range(count):
         n, m = rng.randint(*prompt_range), rng.randint(*output_range)
-        out.append(("/v1/completions", {"prompt": [rng.randrange(model["vocab_size"]) for _ in range(n)],
+        out.append(("/v1/completions", {"prompt": [tokens.randrange(model["vocab_size"]) for _ in range(n)],
                                         "max_tokens": m, "ignore_eos": True, "temperature": 0}))
     return out
 
@@ -263,10 +266,12 @@ def run(url: str, api_key: str | None, workload: str, rates: list[str], count: i
         raise ValueError(f"{url}/v1/models answered {e.code}: {e.read().decode(errors='replace')[:200]}") from None
     except (urllib.error.URLError, OSError) as e:
         raise ValueError(f"no slipstream server answers at {url} ({e}); start one with `slipstream serve`") from None
-    requests = _requests(workload, count, prompt_range, output_range, model, seed)
-    asyncio.run(_run_rate(url, headers, requests[: min(8, len(requests))], float("inf"), seed))  # warm-up
+    draws = itertools.count()
+    warm_up = _requests(workload, min(8, count), prompt_range, output_range, model, seed, next(draws))
+    asyncio.run(_run_rate(url, headers, warm_up, float("inf"), seed))
 
     def at(rate: float) -> ServeResult:
+        requests = _requests(workload, count, prompt_range, output_range, model, seed, next(draws))
         before = _scrape(url, headers)
         timings, wall = asyncio.run(_run_rate(url, headers, requests, rate, seed + 1, max_concurrency))
         return summarize(workload, label, rate, timings, wall, slo_ttft_ms, slo_tpot_ms,

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..engine import LLM, RequestOutput
 from ..sampling import SamplingParams
-from .decode import Consumer, format_profile, new_profiler, take_profile, write_report
+from .decode import Consumer, format_profile, new_profiler, random_prompts, take_profile, write_report
 
 R = TypeVar("R")
 
@@ -103,11 +103,6 @@ def summarize(llm: LLM, workload: str, rate: float, outs: list[RequestOutput], c
                          [round(float(x), 4) for x in _pct(ttft, grid)], [round(float(x), 4) for x in _pct(itl, grid)])
 
 
-def _random_prompts(llm: LLM, lengths: list[int], rng: random.Random) -> list[list[int]]:
-    vocab = llm.core.model_config.vocab_size
-    return [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
-
-
 def _submit(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], rate: float, clock: TokenClock,
             rng: random.Random) -> list[int]:
     """All at once (rate inf), or one by one at Poisson arrival times; returns the request ids."""
@@ -127,7 +122,7 @@ def run_mixed(llm: LLM, requests: int, prompt_range: tuple[int, int], output_ran
               rate: float = float("inf"), seed: int = 0) -> TrafficResult:
     rng = random.Random(seed)
     shapes = [(rng.randint(*prompt_range), rng.randint(*output_range)) for _ in range(requests)]
-    prompts = _random_prompts(llm, [p for p, _ in shapes], rng)
+    prompts = random_prompts(llm, [p for p, _ in shapes])
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in shapes]
     clock, before = TokenClock(), llm.stats()
     t0 = time.perf_counter()
@@ -151,8 +146,8 @@ def run_prefill(llm: LLM, repeats: int = 3) -> list[TrafficResult]:
     results = []
     for name, lengths in (("prefill random", lens), ("prefill equal", [sum(lens) // len(lens)] * len(lens))):
         runs = []
-        for r in range(repeats):
-            prompts = _random_prompts(llm, lengths, random.Random(r))
+        for _ in range(repeats):
+            prompts = random_prompts(llm, lengths)
             clock, before = TokenClock(), llm.stats()
             t0 = time.perf_counter()
             outs = llm.generate(prompts, SamplingParams(max_tokens=1, ignore_eos=True))
@@ -166,11 +161,10 @@ def run_prefill(llm: LLM, repeats: int = 3) -> list[TrafficResult]:
 def run_ttft(llm: LLM, lengths: list[int], repeats: int = 20, output_tokens: int = 16) -> list[TrafficResult]:
     """One request at a time: TTFT at light load for each prompt length."""
     results = []
-    rng = random.Random(11)
     for n in lengths:
         outs, clock, before = [], TokenClock(), llm.stats()
         t0 = time.perf_counter()
-        for prompt in _random_prompts(llm, [n] * repeats, rng):
+        for prompt in random_prompts(llm, [n] * repeats):
             rid = llm.submit(prompt, SamplingParams(max_tokens=output_tokens, ignore_eos=True), on_token=clock.push)
             outs.append(llm.result(rid))
         clock.close()
@@ -181,11 +175,10 @@ def run_ttft(llm: LLM, lengths: list[int], repeats: int = 20, output_tokens: int
 def run_interference(llm: LLM, decoding: int, arrival_tokens: int, steps: int = 200) -> list[TrafficResult]:
     """`decoding` requests decode `steps` tokens, first alone, then while an `arrival_tokens`-token
     prompt (one output token) arrives at every commit of the first one's tokens."""
-    rng = random.Random(12)
-    prompts = _random_prompts(llm, [64] * decoding, rng)
-    arrivals = _random_prompts(llm, [arrival_tokens] * 8, rng)
     results = []
     for name in ("decode only", "interference"):
+        prompts = random_prompts(llm, [64] * decoding)
+        arrivals = random_prompts(llm, [arrival_tokens] * steps) if name == "interference" else []
         clock, before = TokenClock(), llm.stats()
         watched: list[int] = []  # the first stream's id: each of its commits brings an arrival
         arrived: list[int] = []
@@ -196,8 +189,7 @@ def run_interference(llm: LLM, decoding: int, arrival_tokens: int, steps: int = 
             if name == "interference" and n < steps:
                 with lock:
                     if watched and rid == watched[0]:
-                        arrival = arrivals[n % len(arrivals)]
-                        arrived.append(llm.submit(arrival, SamplingParams(max_tokens=1, ignore_eos=True)))
+                        arrived.append(llm.submit(arrivals[n], SamplingParams(max_tokens=1, ignore_eos=True)))
 
         t0 = time.perf_counter()
         with lock:
@@ -218,10 +210,9 @@ def run_shared_prefix(llm: LLM, requests: int = 256, prefix_tokens: int = 1000, 
     """The shared-system-prompt workload, cache on, then off (an engine without caching runs it once)."""
     results = []
     modes = (True, False) if llm.core.pool.caching else (False,)
-    for caching, seed in zip(modes, (21, 22)):
-        rng = random.Random(seed)
-        prefix = _random_prompts(llm, [prefix_tokens], rng)[0]
-        prompts = [prefix + p for p in _random_prompts(llm, [suffix_tokens] * requests, rng)]
+    for caching in modes:
+        prefix = random_prompts(llm, [prefix_tokens])[0]
+        prompts = [prefix + p for p in random_prompts(llm, [suffix_tokens] * requests)]
         llm.core.pool.caching = caching  # (read by the loop thread at its next admission)
         clock, before = TokenClock(), llm.stats()
         t0 = time.perf_counter()
