@@ -199,6 +199,7 @@ def test_planning_invariants_hold_at_every_step(tiny_llama, mode):
     for prompts while anything decodes."""
     core = make_core(tiny_llama, mode, [], num_pages=400, max_prefill_tokens=24, max_prefill_chunk=10)
     sched = core.scheduler
+    sched.weight_kv_tokens = 20  # (weights as light as 20 tokens of KV: rows of longer prompts take larger chunks)
     checker = InvariantChecker(core)
     rng = __import__("random").Random(3)
     seqs = []
@@ -222,12 +223,12 @@ def test_planning_invariants_hold_at_every_step(tiny_llama, mode):
     assert all(s.finalized for s in seqs) and core.pool.num_free == core.pool.total
     assert victim.finish_reason == "abort" and victim.output_ids == []
     assert checker.launches["mixed"] and checker.launches["chunked"] and checker.launches["decode"]
-    assert checker.launches["scaled"]  # (rows whose KV outweighs the tiny model's weights took larger chunks)
+    assert checker.launches["scaled"]
 
 
-def test_1_the_prompt_share_beside_decode_rows_grows_with_the_kv_they_read(tiny_llama):
-    """A decode step reads the weights and its rows' KV: rows reading as many KV bytes as the
-    weights cost twice what rows reading none do, and carry twice `max_prefill_chunk` prompt tokens."""
+def test_1_the_prompt_share_beside_decode_rows_grows_with_their_kv_once_it_outweighs_the_weights(tiny_llama):
+    """A decode step costs about the same until its rows read more KV bytes than the weights, then
+    grows with their KV: rows reading twice the weights' bytes carry twice `max_prefill_chunk`."""
     core = make_core(tiny_llama, "pipelined", [], max_prefill_chunk=10)
     sched, cfg = core.scheduler, tiny_llama.hf.config
     weights = sum(p.numel() for name, p in tiny_llama.hf.named_parameters() if name != "model.embed_tokens.weight")
@@ -236,8 +237,9 @@ def test_1_the_prompt_share_beside_decode_rows_grows_with_the_kv_they_read(tiny_
     rows = lambda *lengths: [SimpleNamespace(kv_len=n) for n in lengths]
     weights_worth = math.ceil(sched.weight_kv_tokens)  # (KV tokens of as many bytes as the weights, rounded up)
     assert sched.prefill_chunk([]) == sched.prefill_chunk(rows(0, 0)) == 10
-    assert sched.prefill_chunk(rows(weights_worth // 2, weights_worth - weights_worth // 2)) == 20
-    assert sched.prefill_chunk(rows(*[weights_worth] * 3)) == 40
+    assert sched.prefill_chunk(rows(weights_worth // 2, weights_worth - weights_worth // 2)) == 10
+    assert sched.prefill_chunk(rows(weights_worth, weights_worth)) == 20
+    assert sched.prefill_chunk(rows(*[weights_worth] * 3)) == 30
 
 
 @pytest.mark.parametrize("mode", ["pipelined", "blocking"])

@@ -227,14 +227,15 @@ class Scheduler:
         return True
 
     def prefill_chunk(self, decode: list[Sequence]) -> int:
-        """The prompt tokens a step may carry beside these decode rows: `max_prefill_chunk` for rows
-        that read little KV, scaled by (weights + the rows' KV) / weights. A decode step is bound by
-        the bytes it reads and a chunk by its tokens' compute, so the chunk's share of the step, and
-        what it adds to the running rows' inter-token latency, stay in proportion whether the rows
-        read 1 GB or 30 (Phi-1.5's 256 rows of ~620 tokens read 11x its weights: a fixed chunk made
-        every admission a step paying that read for a few hundred prompt tokens)."""
+        """The prompt tokens a step may carry beside these decode rows: `max_prefill_chunk`, times
+        the rows' KV bytes over the weights' where the KV outweighs them. A decode step costs about
+        the same until its rows read more KV than weights (launches and the weights' read set its
+        time), then grows with the KV, while a chunk costs its tokens' compute: so the chunk's share
+        of the step, and what it adds to the running rows' inter-token latency, stay in proportion
+        whether the rows read 1 GB or 30 (Phi-1.5's 256 rows of ~620 tokens read 12x its weights: a
+        fixed chunk made every admission a step paying that read for a few hundred prompt tokens)."""
         context = sum(s.kv_len for s in decode)
-        return int(self.max_prefill_chunk * (1.0 + context / self.weight_kv_tokens))
+        return int(self.max_prefill_chunk * max(1.0, context / self.weight_kv_tokens))
 
     def _plan(self) -> Step | None:
         """The next step: a decode row for every live sequence that still has tokens to produce (one
