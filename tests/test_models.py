@@ -62,11 +62,12 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_prefill_and_decode_logits_match_transformers(tmp_path, tiny_tokenizer, arch, kv_heads, tie, extra, device):
     """On CUDA (fp32) decode runs the Triton kernels: fused GEMMs, norms, rotary + KV write, paged
-    attention (pages of 16 tokens; the CPU case uses pages of 4)."""
+    attention (pages of 16 tokens; the CPU case uses pages of 4); the prefill step, longer than the
+    skinny GEMM's rows, runs cuBLAS with the activations after it or in its epilogue (Phi's)."""
     tm, model, kv, free = model_over_pages(tmp_path, tiny_tokenizer, arch, device, 64, 1, kv_heads=kv_heads, tie=tie,
                                            seed=kv_heads, **extra)
     cfg, dev, page, rng = model.config, kv.data.device, kv.page_size, random.Random(1)
-    lens = [7, 13, 1]
+    lens = [7, 13, 1, 60]
     decode_steps = 6
     seqs = []
     for n in lens:
