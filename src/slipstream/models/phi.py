@@ -3,9 +3,9 @@ off one normalized input, partial rotary, biases everywhere, an untied LM head w
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import triton_rows
 from ..kernels.attention import AttentionInputs, Rope
 from ..kernels.linear import MAX_ROWS, activate, linear
 from ..lora.targets import ALL, LoraTarget, Part
@@ -57,7 +57,7 @@ class PhiDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor], lora=None) -> torch.Tensor:
-        if lora is None and self.act == "gelu_tanh" and triton_rows(x) and x.shape[0] > MAX_ROWS:
+        if lora is None and self.act == "gelu_tanh" and x.shape[0] > MAX_ROWS:
             return self._forward_wide(x, rope, attn, pages)
         t = x.shape[0]
         split = self.qkv_width + self.mlp_width
@@ -75,6 +75,26 @@ class PhiDecoderLayer(nn.Module):
             x = lora.plus("out", x, buf[:, self.qkv_width:])
         return linear(buf[:, self.qkv_width:], self.out_proj.weight, self.out_proj.bias, residual=x)
 
+    def _forward_wide(self, x: torch.Tensor, rope: Rope, attn: AttentionInputs,
+                      pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """A step of more than MAX_ROWS rows (prefill, mixed, a decode batch over 64), whose GEMMs
+        are cuBLAS's rather than the skinny GEMM's: fc1's GEMM apart, on CUDA with its GELU (the tanh form) in cuBLASLt's epilogue, and the
+        output projection as two GEMMs accumulating onto the residual. On CUDA the one [qkv; fc1]
+        GEMM of the narrow form needs a pass of its own over its whole output for the GELU columns,
+        ~4 ms of an 8,192-token step (docs/benchmarks.md, run q)."""
+        q, inter = self.qkv_width, self.mlp_width
+        h = self.input_layernorm(x)
+        w, b = self.in_proj.weight, self.in_proj.bias
+        qkv = torch.addmm(b[:q], h, w[:q].t())
+        if h.is_cuda:
+            mlp = torch._addmm_activation(b[q:], h, w[q:].t(), use_gelu=True)
+        else:  # (the CPU's use_gelu is erf's GELU)
+            mlp = F.gelu(torch.addmm(b[q:], h, w[q:].t()), approximate="tanh")
+        o = self.self_attn.attend(qkv, rope, attn, pages).flatten(1)
+        w = self.out_proj.weight
+        y = torch.addmm(x, mlp, w[:, :inter].t())
+        return y.addmm_(o, w[:, inter:].t()).add_(self.out_proj.bias)
+
 
 class PhiBackbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -91,20 +111,3 @@ class PhiForCausalLM(CausalLM):
         super().__init__(cfg, max_len)
         self.model = PhiBackbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size)
-
-    def _forward_wide(self, x: torch.Tensor, rope: Rope, attn: AttentionInputs,
-                      pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """A step of more rows than the skinny GEMM serves (prefill, mixed, a decode batch over 64)
-        on CUDA: fc1's GEMM apart, its GELU (the tanh form) in cuBLASLt's epilogue, and the output
-        projection as two GEMMs accumulating onto the residual. The one [qkv; fc1] GEMM of `forward`
-        needs a pass of its own over its whole output for the GELU columns, ~4 ms of an 8,192-token
-        step (docs/benchmarks.md, run q)."""
-        q, inter = self.qkv_width, self.mlp_width
-        h = self.input_layernorm(x)
-        w, b = self.in_proj.weight, self.in_proj.bias
-        qkv = torch.addmm(b[:q], h, w[:q].t())
-        mlp = torch._addmm_activation(b[q:], h, w[q:].t(), use_gelu=True)
-        o = self.self_attn.attend(qkv, rope, attn, pages).flatten(1)
-        w = self.out_proj.weight
-        y = torch.addmm(x, mlp, w[:, :inter].t())
-        return y.addmm_(o, w[:, inter:].t()).add_(self.out_proj.bias)
