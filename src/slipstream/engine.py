@@ -190,17 +190,20 @@ class EngineCore:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)):
-            odd = next((t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
-            if odd is not None:
-                raise TypeError(f"a prompt's token ids are integers, got {odd!r} ({type(odd).__name__})")
-            ids = [int(t) for t in prompt]  # (numpy's integers too)
+            if set(map(type, prompt)) <= {int}:  # (plain ints, checked at C speed: 35k ids took 20 ms one by one)
+                ids = list(prompt)
+            else:
+                odd = next((t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
+                if odd is not None:
+                    raise TypeError(f"a prompt's token ids are integers, got {odd!r} ({type(odd).__name__})")
+                ids = [int(t) for t in prompt]  # (numpy's integers too)
         else:
             raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             raise ValueError("prompt is empty")
         vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
+        if min(ids) < 0 or max(ids) >= vocab:
+            bad = [t for t in ids if not 0 <= t < vocab]
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         return ids
 
