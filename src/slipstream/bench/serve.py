@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import itertools
 import io
+import itertools
 import random
 import time
 import urllib.error

@@ -26,7 +26,8 @@ class PhiDecoderLayer(nn.Module):
     `fuse` a layer is two GEMMs around the attention: `in_proj` = [q; k; v; fc1] (GELU on the fc1
     columns) and `out_proj` = [fc2 | dense] over the concatenated [gelu(fc1) | attention] features
     (biases summed, residual added in its epilogue). They share one activation buffer,
-    [qkv | gelu(fc1) | attention], which each kernel writes in place."""
+    [qkv | gelu(fc1) | attention], which each kernel writes in place. Steps of more rows than the
+    skinny GEMM serves split both GEMMs instead (`_forward_wide`)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
