@@ -249,7 +249,7 @@ class Scheduler:
                 elif s.sampled_launched < s.max_tokens:
                     decode.append(s)
         budget = self.max_step_tokens - len(decode)
-        chunk = self.prefill_chunk(decode)
+        chunk = self.prefill_chunk(decode) if prefilling or self.waiting else 0  # (no prompt to plan: no sum)
         if decode:
             budget = min(budget, chunk)
         chunked, chunks, images, copies = [], [], [], []
