@@ -13,8 +13,8 @@ loops: adapters of low rank read only their own columns of the stacks sized for 
 Why the split: a decode step has one or two row tiles. Looping over the slots and all the features
 inside each row tile's program, the H200 measured a Qwen2.5-0.5B decode step with 8 adapters over 32
 rows at 11x the step without LoRA; splitting the features alone (up to 76 partials for the expand to
-sum) at 3.8x. Slots in the grid and at most MAX_SPLITS partials are the next form, not yet measured
-on the H200 (docs/benchmarks.md, run p). The expand writes into a separate output where asked, so
+sum) at 3.8x; slots in the grid and at most MAX_SPLITS partials at 3.1x (docs/benchmarks.md, runs p
+and q). The expand writes into a separate output where asked, so
 adding a delta to the residual stream needs no copy first.
 
 The torch reference rounds as the kernels do: v is rounded to the activation dtype, the product
