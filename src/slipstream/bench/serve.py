@@ -81,14 +81,14 @@ def _requests(workload: str, count: int, prompt_range: tuple[int, int], output_r
     """(route, body) of each request, made before the clock starts. `seed` draws the lengths, the
     same for every `draw`; the prompts' tokens and the images are new for each `draw`, so a rate's
     requests are never served from the prefix cache an earlier rate (or the warm-up) filled."""
-    rng, tokens = random.Random(seed), random.Random(f"{seed}:{draw}")
+    rng, fresh = random.Random(seed), random.Random(f"{seed}:{draw}")
     if workload == "md2-query":
         if not model.get("moondream"):
             raise ValueError("md2-query needs a Moondream 2 server (slipstream serve --model random:moondream2)")
         from .moondream import synthetic_images
 
         out = []
-        for img in synthetic_images(count, seed * 1000 + draw):
+        for img in synthetic_images(count, fresh.getrandbits(32)):
             jpeg = io.BytesIO()
             img.save(jpeg, format="JPEG", quality=90)
             url = "data:image/jpeg;base64," + base64.b64encode(jpeg.getvalue()).decode()
@@ -105,7 +105,7 @@ def _requests(workload: str, count: int, prompt_range: tuple[int, int], output_r
     out = []
     for _ in range(count):
         n, m = rng.randint(*prompt_range), rng.randint(*output_range)
-        out.append(("/v1/completions", {"prompt": [tokens.randrange(model["vocab_size"]) for _ in range(n)],
+        out.append(("/v1/completions", {"prompt": [fresh.randrange(model["vocab_size"]) for _ in range(n)],
                                         "max_tokens": m, "ignore_eos": True, "temperature": 0}))
     return out
 
