@@ -55,9 +55,10 @@ class EngineConfig:
     kv_memory_fraction: float = 0.5
     max_prefill_tokens: int | None = None  # a step's token budget: decode rows + prompt chunks (vLLM's
     # max_num_batched_tokens); None: DEFAULT_STEP_TOKENS, or max_num_seqs if that is larger
-    max_prefill_chunk: int = 512  # prompt tokens a step carries beside decode rows reading less KV than
+    max_prefill_chunk: int = 320  # prompt tokens a step carries beside decode rows reading less KV than
     # weights, scaled by their ratio beyond (Scheduler.prefill_chunk): bounds the running requests'
-    # inter-token latency while prompts arrive (steps with nothing decoding use the whole budget)
+    # inter-token latency while prompts arrive (steps with nothing decoding use the whole budget);
+    # 320 keeps 32 rows' ITL within 3x their step on both H200 shapes (docs/benchmarks.md, run r)
     cpu_kv_bytes: int = 1 << 30
     cuda_graphs: bool = True
     max_loras: int = 0  # LoRA adapter slots on the device (0: no LoRA); one step serves rows of any of them

@@ -64,12 +64,16 @@ def decode_bucket(n: int, max_rows: int) -> int:
 
 
 def token_buckets(max_tokens: int) -> list[int]:
-    """Prefill steps are padded to 16, 32, 48, 64, then steps of about 1.5x (multiples of 32), up
-    to the step budget (the CUDA-graph buckets: padding wastes at most a third of a step)."""
-    buckets, b = [16, 32, 48, 64], 64
+    """Prefill steps are padded to 16, 48 or a multiple of 32 up to 1,024, then steps of about 1.25x
+    (multiples of 128), up to the step budget (the CUDA-graph buckets). A step beside decode rows
+    (their rows and a prompt chunk: a few hundred tokens) pads by at most 31 tokens; with steps of
+    1.5x, 32 rows + 512 prompt tokens padded to 576, and + 256 to 384."""
+    buckets = [16, 48, *range(32, 1024, 32)]
+    b = 1024
     while b < max_tokens:
-        b = -(-b * 3 // 2 // 32) * 32
         buckets.append(b)
+        b = -(-b * 5 // 4 // 128) * 128
+    buckets.append(max_tokens)
     return sorted({min(b, max_tokens) for b in buckets})
 
 

@@ -45,6 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+
 from .kv_cache import PagePool, chain_keys
 from .pipeline import Pipeline, Step
 from .runner import ALL_ALLOWED, ModelRunner
@@ -74,7 +76,7 @@ class ImagePrefix:
 @dataclass
 class Sequence:
     request_id: int
-    prompt_ids: list[int]
+    prompt_ids: np.ndarray  # int64 (engine._prompt_ids)
     params: SamplingParams
     max_tokens: int  # params.max_tokens capped by the model length
     seed: int
@@ -494,8 +496,7 @@ class Scheduler:
     def _register_written(self, seq: Sequence) -> None:
         """At release: register the full pages of generated tokens whose KV was written (an aborted
         request's last steps may have written KV for tokens it never committed: not those)."""
-        tokens = seq.prompt_ids + seq.output_ids
-        known = tokens[:min(seq.kv_len, len(tokens))]
+        known = np.concatenate((seq.prompt_ids, np.asarray(seq.output_ids, np.int64)))[:seq.kv_len]
         prefix = seq.prefix
         keys = chain_keys(known, self.pool.page_size, salt=seq.lora_id,
                           extra=prefix.crops.digest if prefix is not None else b"",

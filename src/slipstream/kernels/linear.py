@@ -49,8 +49,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """x [rows, K] -> [rows, N]. `act`: None; "gelu_tanh" or "gelu", applied to the output columns
     from `act_from` on; or "swiglu", for weight rows interleaving gate and up (see
     `interleave_gate_up`), giving [rows, N / 2]. `residual` is added last; `out` (a view, e.g.
-    columns of a wider buffer) receives the result. `defer` (with a residual): where the skinny
-    GEMM runs, a PendingSum for the next RMSNorm to finish."""
+    columns of a wider buffer) receives the result. `defer` (with a residual, which the caller
+    then gives up): where the skinny GEMM runs, a PendingSum for the next RMSNorm to finish; on a
+    wider CUDA step without a bias, cuBLAS accumulates onto the residual in place (beta = 1), which
+    saves an add's pass over the output (two a layer: 0.08 ms of a 544-token Qwen2.5-0.5B step)."""
     if triton_rows(x) and x.shape[0] <= MAX_ROWS:
         from .skinny_gemm import skinny_linear
 
@@ -58,6 +60,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             assert residual is not None and act is None and out is None and out_dtype is None
             return PendingSum(skinny_linear(x, weight, defer=True), bias, residual)
         return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out)
+    if defer and triton_rows(x) and bias is None and residual.is_contiguous():
+        return residual.addmm_(x, weight.t())
     if act == "swiglu" and triton_rows(x):  # a prefill step on CUDA: cuBLAS, then SwiGLU in one pass
         from .activation import swiglu
 

@@ -79,11 +79,12 @@ class PhiDecoderLayer(nn.Module):
     def _forward_wide(self, x: torch.Tensor, rope: Rope, attn: AttentionInputs,
                       pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """A step of more than MAX_ROWS rows (prefill, mixed, a decode batch over 64), whose GEMMs
-        are cuBLAS's rather than the skinny GEMM's: fc1's GEMM apart, on CUDA with its GELU (the tanh form) in cuBLASLt's epilogue, and the
-        output projection as two GEMMs accumulating onto the residual. On CUDA the one [qkv; fc1]
-        GEMM of the narrow form needs a pass of its own over its whole output for the GELU columns
-        (470 MB a layer at 8,192 tokens). With the faster prompt check of the same run, Phi's
-        prefill went from 0.77x to 0.98x the plain-PyTorch anchor (docs/benchmarks.md, run q)."""
+        are cuBLAS's rather than the skinny GEMM's: fc1's GEMM apart, on CUDA with its GELU (the
+        tanh form) in cuBLASLt's epilogue, and the output projection as two GEMMs accumulating onto
+        the residual in place. On CUDA the one [qkv; fc1] GEMM of the narrow form needs a pass of its
+        own over its whole output for the GELU columns (470 MB a layer at 8,192 tokens). With the
+        faster prompt check of the same run, Phi's prefill went from 0.77x to 0.98x the plain-PyTorch
+        anchor (docs/benchmarks.md, run q)."""
         q, inter = self.qkv_width, self.mlp_width
         h = self.input_layernorm(x)
         w, b = self.in_proj.weight, self.in_proj.bias
@@ -93,9 +94,8 @@ class PhiDecoderLayer(nn.Module):
         else:  # (the CPU's use_gelu is erf's GELU)
             mlp = F.gelu(torch.addmm(b[q:], h, w[q:].t()), approximate="tanh")
         o = self.self_attn.attend(qkv, rope, attn, pages).flatten(1)
-        w = self.out_proj.weight
-        y = torch.addmm(x, mlp, w[:, :inter].t())
-        return y.addmm_(o, w[:, inter:].t()).add_(self.out_proj.bias)
+        w = self.out_proj.weight  # (onto the layer's input in place: nothing reads it after the norm)
+        return x.addmm_(mlp, w[:, :inter].t()).addmm_(o, w[:, inter:].t()).add_(self.out_proj.bias)
 
 
 class PhiBackbone(nn.Module):
