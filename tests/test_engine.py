@@ -280,7 +280,8 @@ def test_bad_input_never_reaches_the_loop(tiny_llama):
                ([1, tiny_llama.vocab_size], ValueError, "outside the vocabulary"), ([-1], ValueError, "outside"),
                ([1] * 64, ValueError, "max_model_len is 64"), (3.5, TypeError, "string or a list of token ids"),
                ([1, "a"], TypeError, "token ids are integers, got 'a'"),
-               ([1, True], TypeError, "token ids are integers, got True"), ([1, 2.0], TypeError, "got 2.0 \\(float\\)")]
+               ([1, True], TypeError, "token ids are integers, got True"), ([1, 2.0], TypeError, "got 2.0 \\(float\\)"),
+               ([1, 2**70], ValueError, "in the vocabulary"), (np.array([1.0]), TypeError, "string or a list")]
         for prompt, kind, match in bad:
             with pytest.raises(kind, match=match):
                 llm.submit(prompt)
@@ -288,6 +289,8 @@ def test_bad_input_never_reaches_the_loop(tiny_llama):
             llm.generate([[1]], [SamplingParams(), SamplingParams()])
         numpy_ids = llm.generate([[np.int64(1), np.int32(2)]], SamplingParams(max_tokens=2))[0]
         assert numpy_ids.prompt_token_ids == [1, 2] and type(numpy_ids.prompt_token_ids[0]) is int
+        array = llm.generate([np.array([1, 2], dtype=np.int32)], SamplingParams(max_tokens=2))[0]
+        assert array.prompt_token_ids == [1, 2] and array.token_ids == numpy_ids.token_ids
         out = llm.result(running)
         assert out.finish_reason in ("stop", "length") and len(out.token_ids) <= 30
         long = llm.generate([[1] * 60], SamplingParams(max_tokens=50))[0]  # capped by the model length

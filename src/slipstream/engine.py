@@ -116,7 +116,7 @@ class EngineCore:
             budget = cfg.cpu_kv_bytes
         return max(2, budget // per_page)
 
-    def make_sequence(self, prompt: str | list[int], params: SamplingParams | None,
+    def make_sequence(self, prompt: str | Seq[int] | np.ndarray, params: SamplingParams | None,
                       on_token: Callable[[int, int, str], None] | None) -> Sequence:
         """Validate a request and build its Sequence; every bad input raises ValueError/TypeError here."""
         params = params or SamplingParams()
