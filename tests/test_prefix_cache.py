@@ -81,6 +81,24 @@ def test_zombies_on_shared_pages_and_aborts_leave_the_cache_correct(tiny_llama):
         assert tie_aware_equal(tiny_llama.hf, p, o.token_ids, hf_greedy(tiny_llama.hf, p, 10, eos))
 
 
+def test_a_request_aborted_mid_prefill_registers_only_the_pages_it_wrote(tiny_llama):
+    """A 201-token prompt in chunks of 8, aborted once admitted (a few chunks in): the pages its
+    chunks never reached hold no KV and must not be found by the same prompt sent again."""
+    import time
+
+    prompt = shared_prompts(tiny_llama.vocab_size, 1, 200, seed=7)[0]
+    with make_llm(tiny_llama, num_pages=400, max_num_seqs=8, max_prefill_tokens=8) as llm:
+        rid = llm.submit(prompt, SamplingParams(max_tokens=4))
+        while llm.stats()["running"] == 0:
+            time.sleep(0.0005)
+        llm.abort(rid)
+        assert llm.result(rid).finish_reason == "abort"
+        again = llm.generate(prompt, SamplingParams(max_tokens=4))[0]
+        stats = all_pages_back(llm)
+    assert stats["cached_prompt_tokens"] < len(prompt) - 8
+    assert tie_aware_equal(tiny_llama.hf, prompt, again.token_ids, hf_greedy(tiny_llama.hf, prompt, 4, tiny_llama.eos_id))
+
+
 def test_under_eviction_pressure_outputs_hold_and_held_pages_are_never_evicted(tiny_llama):
     """A cache of 60 pages of 4 and twenty prompts of 20-70 tokens, some repeated, four at a
     time: admission keeps evicting released pages while others are held and read."""

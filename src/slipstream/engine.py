@@ -20,7 +20,7 @@ import torch
 
 from .config import EngineConfig
 from .device import DeviceLayer
-from .kv_cache import KVCache, PagePool, chain_keys
+from .kv_cache import KVCache, PagePool
 from .models.loader import build_model, load_checkpoint
 from .models.moondream.api import MoondreamAPI
 from .profiler import StepClock
@@ -142,8 +142,6 @@ class EngineCore:
                 raise ValueError(f"lora={params.lora!r} asked for, but this engine has no LoRA slots; build it with "
                                  f"LLM(..., max_loras=N) and load_lora the adapter")
             seq.lora_slot, seq.lora_id = self.lora.acquire(params.lora, wait=True)  # (slot 0: it waits for one)
-        if self.pool.caching:  # (an adapter's KV is its own: its id roots the chain)
-            seq.page_keys = chain_keys(ids, self.pool.page_size, salt=seq.lora_id)
         return seq
 
     def discard(self, seqs: list[Sequence]) -> None:
@@ -166,9 +164,6 @@ class EngineCore:
             raise ValueError("this encoded image's prefix was computed under another LoRA adapter (or none); "
                              "encode the image again for this one")
         seq.prefix, seq.skill, seq.spatial = prefix, skill, spatial
-        if self.pool.caching:  # (the prefix's positions are placeholders: the image's digest tells them apart)
-            seq.page_keys = chain_keys(seq.prompt_ids, self.pool.page_size, salt=seq.lora_id,
-                                       extra=prefix.crops.digest, extra_until=prefix.length)
         return seq
 
     def _constraint(self, params: SamplingParams) -> TokenConstraint | None:

@@ -102,8 +102,8 @@ class Sequence:
     prefix: ImagePrefix | None = None
     skill: int = 0
     spatial: Any = None
-    # prefix caching: the keys of the prompt's full pages (kv_cache.chain_keys), how many of the
-    # sequence's pages are registered under theirs, and the prompt tokens it found cached
+    # prefix caching: the keys of the prompt's full pages hashed so far (Scheduler._page_keys), how
+    # many of the sequence's pages are registered under theirs, and the prompt tokens it found cached
     page_keys: list[bytes] = field(default_factory=list)
     registered: int = 0
     cached_tokens: int = 0
@@ -466,7 +466,28 @@ class Scheduler:
         the prompt's tokens as its chunks run."""
         if not self.pool.caching or seq.params.penalized:
             return []
-        return self.pool.lookup(seq.page_keys[shared:(len(seq.prompt_ids) - 1) // self.pool.page_size])
+        end, hits, start, batch = (len(seq.prompt_ids) - 1) // self.pool.page_size, [], shared, 1
+        while start < end:  # (keys hashed in growing batches, as far as the cache holds the prompt)
+            stop = min(end, start + batch)
+            found = self.pool.lookup(self._page_keys(seq, stop)[start:stop])
+            hits += found
+            if start + len(found) < stop:
+                break
+            start, batch = stop, batch * 4
+        return hits
+
+    def _page_keys(self, seq: Sequence, pages: int) -> list[bytes]:
+        """The keys of the sequence's first `pages` prompt pages (kv_cache.chain_keys), hashed when
+        first asked for: at admission as far as the cache holds the prompt, the rest as its chunks
+        are launched. Hashing a burst of 64 prompts (35k tokens) up front took 3 ms on the H200's
+        host before its first step could start (run s). An adapter's KV is its own (its id roots the
+        chain); an image prefix's positions are placeholders (its digest tells them apart)."""
+        if len(seq.page_keys) < pages:
+            prefix = seq.prefix
+            seq.page_keys = chain_keys(seq.prompt_ids[:pages * self.pool.page_size], self.pool.page_size,
+                                       salt=seq.lora_id, extra=prefix.crops.digest if prefix is not None else b"",
+                                       extra_until=prefix.length if prefix is not None else 0, keys=seq.page_keys)
+        return seq.page_keys[:pages]
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """An image prefix's pages from the cache, all of them (its partial last page included) or
@@ -476,7 +497,7 @@ class Scheduler:
             return []
         shared = prefix.length // self.pool.page_size
         if not prefix.keys:
-            prefix.keys = seq.page_keys[:shared]
+            prefix.keys = self._page_keys(seq, shared)
             if prefix.length % self.pool.page_size:  # (the partial page's own key: the image's positions alone)
                 parent = prefix.keys[-1] if prefix.keys else b""
                 prefix.keys.append(hashlib.blake2b(parent + b"image tail" + prefix.crops.digest,
@@ -489,19 +510,20 @@ class Scheduler:
         step must not read a page that the same forward writes)."""
         for s in step.seqs[step.num_decode:]:
             full = min(s.kv_len, len(s.prompt_ids)) // self.pool.page_size
+            keys = self._page_keys(s, full)
             for i in range(s.registered, full):
-                self.pool.register(s.pages[i], s.page_keys[i])
+                self.pool.register(s.pages[i], keys[i])
             s.registered = max(s.registered, full)
 
     def _register_written(self, seq: Sequence) -> None:
         """At release: register the full pages of generated tokens whose KV was written (an aborted
         request's last steps may have written KV for tokens it never committed: not those)."""
         known = np.concatenate((seq.prompt_ids, np.asarray(seq.output_ids, np.int64)))[:seq.kv_len]
-        prefix = seq.prefix
+        prefix, written = seq.prefix, len(known) // self.pool.page_size
         keys = chain_keys(known, self.pool.page_size, salt=seq.lora_id,
                           extra=prefix.crops.digest if prefix is not None else b"",
-                          extra_until=prefix.length if prefix is not None else 0, keys=seq.page_keys)
-        for i in range(seq.registered, len(keys)):
+                          extra_until=prefix.length if prefix is not None else 0, keys=seq.page_keys[:written])
+        for i in range(seq.registered, written):
             self.pool.register(seq.pages[i], keys[i])
 
 
