@@ -71,7 +71,7 @@ def main() -> None:
     from slipstream.kernels.skinny_gemm import Config, skinny_linear
 
     kernels.use_pdl = lambda: True
-    paged_decode._split_below = lambda: 264  # twice the H200's SMs
+    paged_decode.sm_count = lambda: 132  # the H200's SMs
     bf16 = torch.bfloat16
 
     def mk(*shape, dtype=bf16):
@@ -99,6 +99,8 @@ def main() -> None:
     mha_pages = mk(300, 16, 32, 64), mk(300, 16, 32, 64)
     paged_decode.paged_decode_attention(mk(32, 32, 64), *mha_pages, table, lens, 0.125,
                                         new_token=(mk(32, 32, 64), mk(32, 32, 64), cos[..., :32], sin[..., :32], slots))
+    paged_decode.paged_decode_attention(mk(64, 32, 64), *mha_pages, torch.zeros(64, 8, dtype=torch.int64),
+                                        torch.full((64,), 128), 0.125)  # MHA, enough rows for 2 pages, 2 warps
     swiglu(mk(512, 9728))
     lora_add_triton(mk(32, 1152), x, mk(9, 48, 896), mk(9, 1152, 48), mk(9, dtype=torch.int32), torch.arange(32))
     gelu_columns(mk(512, 14336), "gelu_tanh", 6144, out=mk(512, 16384)[:, :14336])

@@ -45,13 +45,17 @@ def random_case(b, h, kvh, d, page, dtype, seed, ctx=None):
 
 @pytest.mark.parametrize("b,h,kvh,d", [(3, 4, 4, 64), (2, 8, 2, 64), (2, 14, 2, 64), (1, 4, 1, 128)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("pages_per_block", [1, 4])
-@pytest.mark.parametrize("dot,blocks_per_split", [(None, None), (None, 8), (True, 8), (True, 1)])
+@pytest.mark.parametrize("pages_per_block", [1, 2, 4])
+@pytest.mark.parametrize("dot,blocks_per_split", [(None, None), (None, 8), (True, 8), (True, 1), (False, None)])
 def test_paged_decode_kernel_matches_reference(b, h, kvh, d, dtype, pages_per_block, dot, blocks_per_split):
     """Both forms; with one block per split, rows longer than one block are split and merged (the
     second launch checks that the first left its arrival counters reset)."""
     from slipstream.kernels.paged_decode import paged_decode_attention
 
+    if dot is False and h != kvh:
+        with pytest.raises(ValueError, match="one query head per KV head"):
+            paged_decode_attention(*random_case(b, h, kvh, d, 16, dtype, 0), dot=False)
+        return
     for seed in range(2):
         q, kp, vp, table, ctx, scale = random_case(b, h, kvh, d, 16, dtype, seed)
         out = torch.full_like(q, float("nan"))
@@ -60,6 +64,16 @@ def test_paged_decode_kernel_matches_reference(b, h, kvh, d, dtype, pages_per_bl
         ref = dense_reference(q, kp, vp, table, ctx, scale)
         err = (out.double().cpu() - ref).norm() / ref.norm()
         assert torch.isfinite(out).all() and err < (1e-5 if dtype == torch.float32 else 1e-2), err
+
+
+def test_reduction_form_takes_smaller_blocks_and_fewer_warps_when_its_programs_fill_the_gpu():
+    """Measured on the H200 (paged_decode.WIDE_PROGRAMS_PER_SM): 48 or more Phi-1.5 rows of 32 heads
+    read K/V faster 2 pages and 2 warps a program, 32 rows or fewer 4 and 4."""
+    from slipstream.kernels.paged_decode import reduction_config
+
+    assert reduction_config(32 * 32) == (4, 4)
+    assert reduction_config(48 * 32) == (2, 2)
+    assert reduction_config(256 * 32) == (2, 2)
 
 
 @pytest.mark.parametrize("b,h,kvh", [(3, 8, 2), (2, 4, 4)])
@@ -267,6 +281,25 @@ def test_add_layer_norm_is_torchs_add_then_norm(dtype):
     want = torch.nn.functional.layer_norm((x + delta).double(), (1152,), w.double(), b.double(), 1e-5)
     err = (normed.double() - want).norm() / want.norm()
     assert err < (1e-6 if dtype == torch.float32 else 1e-2), err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pending_bias_layer_norm_is_torchs_bias_add_then_norm(dtype):
+    """A PendingSum without partials (a Phi wide step's output bias left to the next norm): the
+    residual stream written out is residual + bias as torch adds them, and its norm beside it."""
+    from slipstream.kernels.linear import PendingSum
+    from slipstream.kernels.norm import pending_layer_norm
+
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(9, 1152, generator=g) * 3).to(dtype).to(DEVICE)
+    w, b, bias = (torch.randn(1152, generator=g).to(dtype).to(DEVICE) for _ in range(3))
+    total, normed = pending_layer_norm(PendingSum(None, bias, x), w, b, 1e-5)
+    if DEVICE == "cuda":
+        assert torch.equal(total, x + bias)
+    else:  # (the interpreter rounds to bf16 toward zero, the GPU to nearest even)
+        assert torch.allclose(total.float(), (x + bias).float(), rtol=2 ** -7, atol=0)
+    want = torch.nn.functional.layer_norm((x + bias).double(), (1152,), w.double(), b.double(), 1e-5)
+    assert (normed.double() - want).norm() / want.norm() < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
 @pytest.mark.parametrize("masked", [False, True])

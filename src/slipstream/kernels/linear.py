@@ -20,9 +20,11 @@ class PendingSum(NamedTuple):
     """`residual + (x @ W.T + bias)` whose GEMM left its split-K partials unsummed: the next kernel,
     an RMSNorm that reads whole rows anyway, sums them in split order (as the GEMM's own fix-up
     would, so the bits are the same) and writes the residual stream beside the norm. The GEMM then
-    ends at its main loop: no arrival counter, no reload of the partials, no residual read."""
+    ends at its main loop: no arrival counter, no reload of the partials, no residual read. Without
+    partials, `residual + bias`: Phi's wide steps leave their output bias to the next LayerNorm,
+    which saves a pass over the residual stream a layer (models/phi.py)."""
 
-    partials: torch.Tensor  # [splits, rows, N] fp32
+    partials: torch.Tensor | None  # [splits, rows, N] fp32
     bias: torch.Tensor | None
     residual: torch.Tensor
 

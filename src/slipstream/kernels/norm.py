@@ -7,7 +7,8 @@ rounding at the end); its own kernel lets it join the step's chain of PDL launch
 skinny_gemm). An RMSNorm may also finish the GEMM before it (`add_rms_norm`, linear.PendingSum):
 x = residual + (sum of the split-K partials + bias), rounded as the GEMM's epilogue rounds, is
 written out and normalized in the same program; a LayerNorm may finish a residual add the same
-way (`add_layer_norm`, the vision tower's blocks)."""
+way (`add_layer_norm`, the vision tower's blocks), or a bias add (`pending_layer_norm`: Phi's wide
+steps leave their output bias to the next norm)."""
 from __future__ import annotations
 
 import torch
@@ -22,15 +23,15 @@ from .linear import PendingSum
 def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr, rows, D, eps, stride_x, stride_o,
                  RMS: tl.constexpr, SPLITS: tl.constexpr, PART_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
                  PDL: tl.constexpr):
-    """SPLITS > 0: x_ptr holds a residual; the norm is of x = residual + (the sum of the SPLITS
-    partials at part_ptr + bias), which is also stored at sum_ptr ([rows, D], contiguous)."""
+    """SPLITS > 0 or PART_BIAS: x_ptr holds a residual; the norm is of x = residual + (the sum of the
+    SPLITS partials at part_ptr + bias), which is also stored at sum_ptr ([rows, D], contiguous)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
     if PDL:  # (see skinny_gemm)
         tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-    if SPLITS > 0:  # the GEMM epilogue's sum and roundings (skinny_gemm._epilogue)
+    if SPLITS > 0 or PART_BIAS:  # the GEMM epilogue's sum and roundings (skinny_gemm._epilogue)
         acc = tl.zeros([BLOCK_D], tl.float32)
         for s in tl.static_range(SPLITS):
             acc += tl.load(part_ptr + (s * rows + row) * D + cols, mask=ok, other=0.0)
@@ -58,11 +59,11 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
     rows, d = x.shape
     out = torch.empty((rows, d), dtype=x.dtype, device=x.device) if out is None else out
     block = triton.next_power_of_2(d)
-    parts, part_bias = (pending.partials, pending.bias) if pending is not None else (x, None)
-    _norm_kernel[(rows,)](x, weight, weight if bias is None else bias, out, parts,
+    parts, part_bias = (pending.partials, pending.bias) if pending is not None else (None, None)
+    _norm_kernel[(rows,)](x, weight, weight if bias is None else bias, out, x if parts is None else parts,
                           weight if part_bias is None else part_bias, out if total is None else total, rows, d, eps,
                           x.stride(0), out.stride(0),
-                          RMS=rms, SPLITS=0 if pending is None else parts.shape[0], PART_BIAS=part_bias is not None,
+                          RMS=rms, SPLITS=0 if parts is None else parts.shape[0], PART_BIAS=part_bias is not None,
                           BLOCK_D=block, num_warps=min(8, max(1, block // 256)), **pdl_args())
     return out
 
@@ -89,5 +90,13 @@ def add_layer_norm(residual: torch.Tensor, delta: torch.Tensor, weight: torch.Te
                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, layer_norm(x)) for x = residual + delta (rounded as torch adds), in one launch: one read
     of each, where torch's add then norm reads x again. delta [rows, D] contiguous."""
+    return pending_layer_norm(PendingSum(delta[None], None, residual), weight, bias, eps)
+
+
+def pending_layer_norm(pending: PendingSum, weight: torch.Tensor, bias: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, layer_norm(x)) for x = the pending sum (partials None: residual + bias, rounded as torch
+    adds), in one launch."""
+    residual = pending.residual
     total = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-    return total, _launch(residual, weight, bias, eps, False, None, PendingSum(delta[None], None, residual), total)
+    return total, _launch(residual, weight, bias, eps, False, None, pending, total)

@@ -29,6 +29,11 @@ from . import INTERPRET, arrival_counters, pdl_args, sm_count
 
 BLOCKS_PER_SPLIT = 8  # blocks of pages one program walks before the context is split (8 x 4 pages x 16 = 512 tokens)
 MHA_BLOCKS_PER_SPLIT = 2  # the same for an MHA model's heads (128 tokens): a group of one has 16x less to do a block
+# The reduction form's block of pages and warps: 4 and 4, and 2 and 2 where its programs number at least
+# WIDE_PROGRAMS_PER_SM per SM. Phi-1.5 shape on the H200 (docs/benchmarks.md, run s), us at contexts 200 /
+# 620 / 1,300: 32 rows 20.6 / 50.0 / 98.6 with (4, 4) against 19.3 / 56.5 / 112.8 with (2, 2); 48 rows
+# 33.7 / 80.5 / 164.6 against 26.6 / 69.6 / 139.8; 128 rows 75.5 / 182.2 against 60.2 / 165.0.
+WIDE_PROGRAMS_PER_SM = 10
 
 
 @triton.jit
@@ -257,8 +262,8 @@ def supported(head_dim: int, page_size: int) -> bool:
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
                            context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
-                           new_token: tuple[torch.Tensor, ...] | None = None, pages_per_block: int = 4,
-                           num_warps: int = 4, dot: bool | None = None,
+                           new_token: tuple[torch.Tensor, ...] | None = None, pages_per_block: int | None = None,
+                           num_warps: int | None = None, dot: bool | None = None,
                            blocks_per_split: int | None = None) -> torch.Tensor:
     """Same contract as kernels.attention.decode_attention: q [B, H, D] -> [B, H, D]. `dot` picks the
     tensor-core formulation (default: for GQA groups, and for MHA when the (row, KV head) pairs alone
@@ -268,12 +273,17 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     fuses the step's rotary and KV write in: q and k ([B, KVH, D], any strides) are rotated by the
     tables cos/sin ([positions, ROT]) at each row's position, context_lens - 1 (the entries rounded
     to q's dtype), and k, v stored at `slot_mapping` before attending; without it q is rotated
-    already and the pages hold the token."""
+    already and the pages hold the token. `pages_per_block` and `num_warps` default to 4 and 4, and
+    for the reduction form to reduction_config's for its programs."""
     b, h, d = q.shape
     _, page, kvh, _ = k_pages.shape
     group = h // kvh
     few = b * kvh < _split_below()
     use_dot = (group > 1 or few) if dot is None else dot
+    if not use_dot and group > 1:
+        raise ValueError(f"the reduction form serves one query head per KV head; these are {group}: use dot")
+    default_pages, default_warps = (4, 4) if use_dot else reduction_config(b * kvh)
+    pages_per_block, num_warps = pages_per_block or default_pages, num_warps or default_warps
     group_pad = max(16, triton.next_power_of_2(group))
     out = torch.empty_like(q) if out is None else out
     splits, per_split = 1, 1 << 30  # (unsplit: one program walks a row's whole context)
@@ -306,3 +316,9 @@ def _split_below() -> int:
     if INTERPRET:
         return 1 << 30
     return 2 * sm_count()
+
+
+def reduction_config(programs: int) -> tuple[int, int]:
+    """Pages per block and warps of the reduction form's `programs` programs (one per row and head)."""
+    sms = 132 if INTERPRET else sm_count()  # (interpreted: as many as the H200 has)
+    return (2, 2) if programs >= WIDE_PROGRAMS_PER_SM * sms else (4, 4)

@@ -45,9 +45,19 @@ class LayerNorm(nn.LayerNorm):
             return layer_norm(x, self.weight, self.bias, self.eps)
         return super().forward(x)
 
-    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x + delta, norm(x + delta)): one launch on CUDA."""
-        if triton_rows(x) and delta.is_contiguous():
+    def add(self, x: torch.Tensor | PendingSum, delta: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, norm(x + delta)), one launch on CUDA; x may be a PendingSum without partials
+        (residual + bias: a Phi layer's wide step, whose output bias is added here)."""
+        if isinstance(x, PendingSum):
+            assert x.partials is None and delta is None
+            if triton_rows(x.residual):
+                from ..kernels.norm import pending_layer_norm
+
+                return pending_layer_norm(x, self.weight, self.bias, self.eps)
+            x, delta = x.residual, x.bias
+        if delta is None:
+            return x, self(x)
+        if triton_rows(x) and delta.is_contiguous() and delta.shape == x.shape:
             from ..kernels.norm import add_layer_norm
 
             return add_layer_norm(x, delta, self.weight, self.bias, self.eps)

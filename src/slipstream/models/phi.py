@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attention import AttentionInputs, Rope
-from ..kernels.linear import MAX_ROWS, activate, linear
+from ..kernels.linear import MAX_ROWS, PendingSum, activate, linear
 from ..lora.targets import ALL, LoraTarget, Part
 from .config import ModelConfig
 from .layers import LayerNorm, frozen_linear, fuse_linears
@@ -56,10 +56,10 @@ class PhiDecoderLayer(nn.Module):
                 "out": LoraTarget(inter + q, d, {"mlp.fc2": mlp_in, "self_attn.dense": attn_in, "attn.proj": attn_in},
                                   2, frozenset({"attn.proj"}))}
 
-    def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionInputs,
-                pages: tuple[torch.Tensor, torch.Tensor], lora=None) -> torch.Tensor:
-        if lora is None and self.act == "gelu_tanh" and x.shape[0] > MAX_ROWS:
-            return self._forward_wide(x, rope, attn, pages)
+    def forward(self, x: torch.Tensor | PendingSum, rope: Rope, attn: AttentionInputs,
+                pages: tuple[torch.Tensor, torch.Tensor], lora=None) -> torch.Tensor | PendingSum:
+        if isinstance(x, PendingSum) or (lora is None and self.act == "gelu_tanh" and x.shape[0] > MAX_ROWS):
+            return self._forward_wide(x, rope, attn, pages)  # (every layer of a step takes the same form)
         t = x.shape[0]
         split = self.qkv_width + self.mlp_width
         buf = torch.empty(t, split + x.shape[1], dtype=x.dtype, device=x.device)
@@ -76,17 +76,19 @@ class PhiDecoderLayer(nn.Module):
             x = lora.plus("out", x, buf[:, self.qkv_width:])
         return linear(buf[:, self.qkv_width:], self.out_proj.weight, self.out_proj.bias, residual=x)
 
-    def _forward_wide(self, x: torch.Tensor, rope: Rope, attn: AttentionInputs,
-                      pages: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def _forward_wide(self, x: torch.Tensor | PendingSum, rope: Rope, attn: AttentionInputs,
+                      pages: tuple[torch.Tensor, torch.Tensor]) -> PendingSum:
         """A step of more than MAX_ROWS rows (prefill, mixed, a decode batch over 64), whose GEMMs
         are cuBLAS's rather than the skinny GEMM's: fc1's GEMM apart, on CUDA with its GELU (the
         tanh form) in cuBLASLt's epilogue, and the output projection as two GEMMs accumulating onto
         the residual in place. On CUDA the one [qkv; fc1] GEMM of the narrow form needs a pass of its
         own over its whole output for the GELU columns (470 MB a layer at 8,192 tokens). With the
         faster prompt check of the same run, Phi's prefill went from 0.77x to 0.98x the plain-PyTorch
-        anchor (docs/benchmarks.md, run q)."""
+        anchor (docs/benchmarks.md, run q). The output bias is left to the next norm (a PendingSum
+        without partials), which adds it as it reads the row: an add's pass less a layer (3% of the
+        prefill workload's kernel time, run s)."""
         q, inter = self.qkv_width, self.mlp_width
-        h = self.input_layernorm(x)
+        x, h = self.input_layernorm.add(x)
         w, b = self.in_proj.weight, self.in_proj.bias
         qkv = torch.addmm(b[:q], h, w[:q].t())
         if h.is_cuda:
@@ -95,7 +97,7 @@ class PhiDecoderLayer(nn.Module):
             mlp = F.gelu(torch.addmm(b[q:], h, w[q:].t()), approximate="tanh")
         o = self.self_attn.attend(qkv, rope, attn, pages).flatten(1)
         w = self.out_proj.weight  # (onto the layer's input in place: nothing reads it after the norm)
-        return x.addmm_(mlp, w[:, :inter].t()).addmm_(o, w[:, inter:].t()).add_(self.out_proj.bias)
+        return PendingSum(None, self.out_proj.bias, x.addmm_(mlp, w[:, :inter].t()).addmm_(o, w[:, inter:].t()))
 
 
 class PhiBackbone(nn.Module):
