@@ -14,5 +14,5 @@ for name in "$@"; do
   echo "== $model $name"
   PYTHONPATH=$src SLIPSTREAM_CACHE=/tmp/slipstream-cache timeout 120 python3 -m slipstream bench --model "random:$model" \
     --streams "$streams" --mode pipelined --prompt-tokens 64 --max-tokens 128 --profile \
-    ${BENCH_ARGS:-} --out "${OUT:-results}/ab/$model.$name${AB_TAG:+.$AB_TAG}.json" 2>/dev/null | tail -4
+    ${BENCH_ARGS:-} --out "${OUT:-results}/ab/$model.$name${AB_TAG:+.$AB_TAG}.json" 2>/dev/null | grep -v "^wrote"
 done
