@@ -102,8 +102,8 @@ class Sequence:
     prefix: ImagePrefix | None = None
     skill: int = 0
     spatial: Any = None
-    # prefix caching: the keys of the prompt's full pages hashed so far (Scheduler._page_keys), how
-    # many of the sequence's pages are registered under theirs, and the prompt tokens it found cached
+    # prefix caching: the keys of its full pages hashed so far (Scheduler._page_keys), how many of
+    # the sequence's pages are registered under theirs, and the prompt tokens it found cached
     page_keys: list[bytes] = field(default_factory=list)
     registered: int = 0
     cached_tokens: int = 0
@@ -476,15 +476,16 @@ class Scheduler:
             start, batch = stop, batch * 4
         return hits
 
-    def _page_keys(self, seq: Sequence, pages: int) -> list[bytes]:
-        """The keys of the sequence's first `pages` prompt pages (kv_cache.chain_keys), hashed when
-        first asked for: at admission as far as the cache holds the prompt, the rest as its chunks
-        are launched. Hashing a burst of 64 prompts (35k tokens) up front took 3 ms on the H200's
-        host before its first step could start (run s). An adapter's KV is its own (its id roots the
-        chain); an image prefix's positions are placeholders (its digest tells them apart)."""
+    def _page_keys(self, seq: Sequence, pages: int, tokens: np.ndarray | None = None) -> list[bytes]:
+        """The keys (kv_cache.chain_keys) of the sequence's first `pages` full pages of `tokens` (its
+        prompt; at release, its prompt and output), hashed when first asked for: at admission as far
+        as the cache holds the prompt, the rest as its chunks are launched. Hashing a burst of 64
+        prompts (35k tokens) up front took 3 ms on the H200's host before its first step could start
+        (run s). An adapter's KV is its own (its id roots the chain); an image prefix's positions are
+        placeholders (its digest tells them apart)."""
         if len(seq.page_keys) < pages:
-            prefix = seq.prefix
-            seq.page_keys = chain_keys(seq.prompt_ids[:pages * self.pool.page_size], self.pool.page_size,
+            prefix, tokens = seq.prefix, seq.prompt_ids if tokens is None else tokens
+            seq.page_keys = chain_keys(tokens[:pages * self.pool.page_size], self.pool.page_size,
                                        salt=seq.lora_id, extra=prefix.crops.digest if prefix is not None else b"",
                                        extra_until=prefix.length if prefix is not None else 0, keys=seq.page_keys)
         return seq.page_keys[:pages]
@@ -519,10 +520,8 @@ class Scheduler:
         """At release: register the full pages of generated tokens whose KV was written (an aborted
         request's last steps may have written KV for tokens it never committed: not those)."""
         known = np.concatenate((seq.prompt_ids, np.asarray(seq.output_ids, np.int64)))[:seq.kv_len]
-        prefix, written = seq.prefix, len(known) // self.pool.page_size
-        keys = chain_keys(known, self.pool.page_size, salt=seq.lora_id,
-                          extra=prefix.crops.digest if prefix is not None else b"",
-                          extra_until=prefix.length if prefix is not None else 0, keys=seq.page_keys[:written])
+        written = len(known) // self.pool.page_size
+        keys = self._page_keys(seq, written, known)
         for i in range(seq.registered, written):
             self.pool.register(seq.pages[i], keys[i])
 

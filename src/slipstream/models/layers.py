@@ -57,7 +57,7 @@ class LayerNorm(nn.LayerNorm):
             x, delta = x.residual, x.bias
         if delta is None:
             return x, self(x)
-        if triton_rows(x) and delta.is_contiguous() and delta.shape == x.shape:
+        if triton_rows(x) and delta.is_contiguous():
             from ..kernels.norm import add_layer_norm
 
             return add_layer_norm(x, delta, self.weight, self.bias, self.eps)
