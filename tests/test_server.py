@@ -285,3 +285,47 @@ def test_a_lora_adapter_is_served_as_a_model_of_its_name(tmp_path):
         assert e.value.body["param"] == "model"
     finally:
         stop_server(proc)
+
+
+def test_an_event_stream_sends_each_frame_and_stops_at_the_next_frame_once_its_client_has_gone():
+    """EventStream (the SSE responses): frames go out as the generator yields them, then the end of
+    the body; a client gone (http.disconnect) stops it after the frame in flight and closes the
+    generator, whose `finally` is where a request is aborted."""
+    import asyncio
+
+    from slipstream.server.app import EventStream
+
+    async def run(leave_after: int | None) -> tuple[list[dict], list[str]]:
+        sent, trace, gone = [], [], asyncio.Event()
+
+        async def frames():
+            try:
+                for i in range(5):
+                    trace.append(f"yield {i}")
+                    yield f"data: {i}\n\n".encode()
+                    await asyncio.sleep(0)
+            finally:
+                trace.append("closed")
+
+        async def receive() -> dict:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+            if leave_after is not None and len(sent) == 1 + leave_after:
+                gone.set()
+                await asyncio.sleep(0)
+
+        await EventStream(frames())({"type": "http"}, receive, send)
+        return sent, trace
+
+    sent, trace = asyncio.run(run(None))
+    assert sent[0]["type"] == "http.response.start" and (b"content-type", b"text/event-stream; charset=utf-8") in \
+        sent[0]["headers"]
+    assert [m["body"] for m in sent[1:]] == [f"data: {i}\n\n".encode() for i in range(5)] + [b""]
+    assert [m["more_body"] for m in sent[1:]] == [True] * 5 + [False] and trace[-1] == "closed"
+
+    sent, trace = asyncio.run(run(2))
+    assert [m["body"] for m in sent[1:]] == [b"data: 0\n\n", b"data: 1\n\n"]
+    assert trace == ["yield 0", "yield 1", "closed"]
