@@ -7,6 +7,7 @@ latency histograms as prometheus_client's would).
 Faults (disconnects, the engine's death, SIGTERM, a battery of mixed traffic): test_server_faults.py."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -16,6 +17,7 @@ openai = pytest.importorskip("openai")
 
 from serving import metric_values, start_server, stop_server, wait_idle  # noqa: E402
 from slipstream import LLM, SamplingParams  # noqa: E402
+from slipstream.server.app import EventStream  # noqa: E402
 
 KEY = "sk-test"
 MODEL = "random:tiny-llama"
@@ -291,10 +293,6 @@ def test_an_event_stream_sends_each_frame_and_stops_at_the_next_frame_once_its_c
     """EventStream (the SSE responses): frames go out as the generator yields them, then the end of
     the body; a client gone (http.disconnect) stops it after the frame in flight and closes the
     generator, whose `finally` is where a request is aborted."""
-    import asyncio
-
-    from slipstream.server.app import EventStream
-
     async def run(leave_after: int | None) -> tuple[list[dict], list[str]]:
         sent, trace, gone = [], [], asyncio.Event()
 
