@@ -257,6 +257,45 @@ def test_abort_of_waiting_and_running_requests(tiny_llama):
         assert stats["kv_pages_free"] == stats["kv_pages_total"]
 
 
+@pytest.mark.parametrize("mode", ["pipelined", "blocking"])
+def test_after_callbacks_runs_once_each_group_of_callbacks_has(tiny_llama, mode):
+    """Every token and every end is followed by `after_callbacks`, so a consumer that batches them
+    there leaves nothing behind: an abort with nothing left to commit after it included; a commit's
+    tokens (one per running request) are shipped together."""
+    batch, shipped = [], []
+
+    def ship():
+        if batch:
+            shipped.append(list(batch))
+            batch.clear()
+
+    def ends():
+        return [r for group in shipped for r, n in group if n == "end"]
+
+    def wait_for(count):
+        deadline = time.monotonic() + 10
+        while len(ends()) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(ends()) == count and not batch
+
+    with make_llm(tiny_llama, mode) as llm:
+        llm.after_callbacks = ship
+        gate = threading.Event()
+        alone = llm.submit([9], SamplingParams(max_tokens=200, ignore_eos=True), on_token=lambda *a: gate.set(),
+                           on_finish=lambda out, _e: batch.append((out.request_id, "end")))
+        gate.wait(10)
+        llm.abort(alone)
+        wait_for(1)
+        ids = [llm.submit([1 + i], SamplingParams(max_tokens=6, ignore_eos=True),
+                          on_token=lambda rid, n, _d: batch.append((rid, n)),
+                          on_finish=lambda out, _e: batch.append((out.request_id, "end"))) for i in range(2)]
+        wait_for(3)
+        flat = [item for group in shipped for item in group]
+        for rid in ids:
+            assert [n for r, n in flat if r == rid] == [1, 2, 3, 4, 5, 6, "end"]
+        assert any({r for r, _ in group} >= set(ids) for group in shipped)
+
+
 def test_other_architectures_greedy_and_pipelined_equal_blocking(tiny_other_arch):
     tm = tiny_other_arch
     rng = random.Random(4)

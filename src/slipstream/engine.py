@@ -264,6 +264,11 @@ class LLM(MoondreamAPI):
         self._cv = threading.Condition()
         self._stopping = False
         self._error: BaseException | None = None
+        # Called on the loop thread after each pass of the loop, once the pass's on_token / on_finish
+        # callbacks have all run (a commit's rows, or what it aborted or refused; and after shutdown
+        # fails what is pending): where a consumer that batches their output ships the batch, with no
+        # hop to another thread.
+        self.after_callbacks: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._loop, name="slipstream-loop", daemon=True)
         self._thread.start()
 
@@ -438,6 +443,7 @@ class LLM(MoondreamAPI):
             self._cv.notify()
         self._thread.join()
         self._fail_pending(RuntimeError("the engine was shut down before this request finished"))
+        self._callbacks_done()
         gc.unfreeze()
 
     def __enter__(self) -> "LLM":
@@ -483,13 +489,19 @@ class LLM(MoondreamAPI):
                         sched.release_prefix(item)
                 if sched.has_work():
                     sched.tick()
+                self._callbacks_done()
         except BaseException as e:  # the loop must never die silently: fail every pending request
             self._error = e
             self._fail_pending(e)
+            self._callbacks_done()
         finally:
             self.core.scheduler.close()
             if self.core.lora is not None:
                 self.core.lora.close()
+
+    def _callbacks_done(self) -> None:
+        if self.after_callbacks is not None:
+            self.after_callbacks()
 
     def _fail_pending(self, error: BaseException) -> None:
         with self._cv:

@@ -4,8 +4,11 @@ Its main thread receives `Generate` / `Skill` / `Abort`, validates, tokenizes (c
 included), compiles grammars and decodes images, then queues the sequences: that work stays off
 the loop thread. Text is detokenized where the engine already does it, at commit (text.py), so
 the stop strings are decided there and only new text travels; the per-token hooks and `on_finish`
-only append to an outbox, which a sender thread drains and ships in batches, one message per
-batch however many requests moved."""
+only append to a batch, which the loop thread ships after each pass (`LLM.after_callbacks`): one
+message per commit however many requests moved, sent by the loop itself because a sender thread
+would wait for the interpreter lock while the loop goes on to its next step (~0.3 ms of the first
+token's path on the H200, docs/server.md). A sender thread ships what the main thread refuses,
+and the stats."""
 from __future__ import annotations
 
 import dataclasses
@@ -46,10 +49,13 @@ def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str]
                                       moondream=llm.core.moondream is not None, loras=list(loras))))
     outbox: queue.SimpleQueue[Delta] = queue.SimpleQueue()
     threading.Thread(target=_send_batches, args=(llm, outbox, outputs, encoder), daemon=True).start()
+    committed = ctx.socket(zmq.PUSH)  # (the loop's own: a socket is used by one thread at a time)
+    committed.setsockopt(zmq.SNDHWM, 0)  # (a slow reader never blocks the loop)
+    committed.connect(outputs_addr)
     requests = ctx.socket(zmq.PULL)
     requests.connect(requests_addr)
     decoder = msgspec.msgpack.Decoder(ToEngine)
-    server = _Server(llm, outbox)
+    server = _Server(llm, outbox, lambda batch: committed.send(encoder.encode(batch)))
     while True:
         server.handle(decoder.decode(requests.recv()))
 
@@ -63,12 +69,20 @@ def _exit_with_parent(parent: int) -> None:
 
 
 class _Server:
-    """Turns messages into queued sequences and their callbacks into deltas in the outbox."""
+    """Turns messages into queued sequences, and their callbacks into batches of deltas that `send`
+    ships once each group of callbacks is done; what it refuses itself goes through the outbox."""
 
-    def __init__(self, llm: LLM, outbox: queue.SimpleQueue) -> None:
-        self.llm, self.outbox = llm, outbox
+    def __init__(self, llm: LLM, outbox: queue.SimpleQueue, send: Callable[[list[Delta]], None]) -> None:
+        self.llm, self.outbox, self.send = llm, outbox, send
         self.running = _Running()
         self.pieces = _TokenPieces(llm)
+        self.batch: list[Delta] = []  # (the callbacks run one at a time, on the loop thread or beside it)
+        llm.after_callbacks = self._ship
+
+    def _ship(self) -> None:
+        if self.batch:
+            batch, self.batch = self.batch, []
+            self.send(batch)
 
     def handle(self, message: Generate | Skill | Abort) -> None:
         received = time.monotonic()
@@ -129,7 +143,8 @@ class _Server:
             if delta or logprobs:
                 stamps = (received, time.monotonic()) if first else None
                 first = False
-                self.outbox.put(Delta(request_id, index, delta, len(seq.output_ids), logprobs=logprobs, stamps=stamps))
+                self.batch.append(Delta(request_id, index, delta, len(seq.output_ids), logprobs=logprobs,
+                                        stamps=stamps))
 
         return on_token
 
@@ -139,9 +154,9 @@ class _Server:
         def on_finish(out: RequestOutput | None, error: BaseException | None) -> None:
             self.running.ended(request_id)
             if error is not None or out is None:
-                self.outbox.put(Delta(request_id, index, finish_reason="error", error=repr(error)))
+                self.batch.append(Delta(request_id, index, finish_reason="error", error=repr(error)))
                 return
-            self.outbox.put(Delta(request_id, index, completion_tokens=len(out.token_ids),
+            self.batch.append(Delta(request_id, index, completion_tokens=len(out.token_ids),
                                   finish_reason=out.finish_reason, prompt_tokens=len(seq.prompt_ids),
                                   cached_tokens=out.cached_tokens,
                                   logprobs=ship(out.token_ids, out.logprobs or [], seq.params.logprobs),
@@ -221,7 +236,7 @@ class _TokenPieces:
 
 def _send_batches(llm: LLM, outbox: queue.SimpleQueue, socket: zmq.Socket, encoder: msgspec.msgpack.Encoder,
                   stats_every: float = 0.5) -> None:
-    """The one thread that sends: batches of deltas as they come, the engine's stats between them."""
+    """The thread that sends the main thread's refusals as they come, the engine's stats between them."""
     next_stats = time.monotonic()
     fields = Stats.__struct_fields__
     while True:
