@@ -108,6 +108,8 @@ def test_sigusr1_prints_every_threads_stack_in_both_processes_and_serving_goes_o
 
 @pytest.mark.skipif(not Path("/proc").exists(), reason="finds the engine process through /proc")
 def test_when_the_engine_process_dies_requests_fail_at_once_and_health_says_so():
+    """Those in flight, one sent at the moment it dies (answered, never left blocking the API
+    process), and those after."""
     proc, url = start_server(MODEL)
     try:
         llm = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
@@ -115,6 +117,9 @@ def test_when_the_engine_process_dies_requests_fail_at_once_and_health_says_so()
                                         extra_body={"ignore_eos": True})
         next(iter(stream))
         os.kill(engine_pid(proc.pid), signal.SIGKILL)
+        time.sleep(0.02)  # (the API process looks for a dead engine every 0.1 s)
+        with pytest.raises(openai.APIStatusError):  # (sent before it may know: a 500 or 503, not a hang)
+            llm.completions.create(model=MODEL, prompt="x", max_tokens=2, timeout=10)
         start = time.monotonic()
         with pytest.raises(Exception):
             for _ in stream:

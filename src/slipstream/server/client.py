@@ -4,10 +4,12 @@ request in flight ends at once with an error and later ones are refused (`/healt
 
 The sockets are plain pyzmq ones, read by a callback on the event loop's own readiness watch of
 the socket, not zmq.asyncio's: a future for each receive cost ~0.1 ms of the first token's path on
-the H200 (docs/server.md). Sends never block: the requests socket's queue is unbounded."""
+the H200 (docs/server.md). Sends never block the event loop: the requests socket's queue is
+unbounded, and with no engine process connected a send fails at once (EngineDead)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import tempfile
 import time
@@ -74,7 +76,7 @@ class EngineClient:
         self._queues[message.id] = deltas
         left = choices
         try:
-            self._requests.send(self._encoder.encode(message))
+            self._send(message)
             while left:
                 batch = [await deltas.get()]
                 while not deltas.empty():
@@ -90,7 +92,14 @@ class EngineClient:
         finally:
             self._queues.pop(message.id, None)
             if left and self.dead is None:
-                self._requests.send(self._encoder.encode(Abort(message.id)))
+                with contextlib.suppress(EngineDead):
+                    self._send(Abort(message.id))
+
+    def _send(self, message: Generate | Skill | Abort) -> None:
+        try:
+            self._requests.send(self._encoder.encode(message), zmq.NOBLOCK)
+        except zmq.Again:  # (no engine connected: a blocking send would stop the event loop for good)
+            raise EngineDead("the engine process is not connected; it has exited") from None
 
     @property
     def in_flight(self) -> int:
