@@ -153,11 +153,9 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
 
         return await serve(request, handle)
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await openai(request, chat=False)
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await openai(request, chat=True)
 
@@ -181,8 +179,12 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
 
         return route
 
+    # Starlette's routes, not FastAPI's: the handlers read the body themselves, so FastAPI's
+    # per-request dependency and validation machinery would only cost time (docs/server.md)
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
     for skill in SKILLS:
-        app.add_api_route(f"/v1/{skill}", skill_route(skill), methods=["POST"])
+        app.add_route(f"/v1/{skill}", skill_route(skill), methods=["POST"])
     return app
 
 
