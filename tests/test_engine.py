@@ -269,6 +269,9 @@ def test_after_callbacks_runs_once_each_group_of_callbacks_has(tiny_llama, mode)
             shipped.append(list(batch))
             batch.clear()
 
+    def ended(out, _error):
+        batch.append((out.request_id, "end"))
+
     def ends():
         return [r for group in shipped for r, n in group if n == "end"]
 
@@ -282,13 +285,12 @@ def test_after_callbacks_runs_once_each_group_of_callbacks_has(tiny_llama, mode)
         llm.after_callbacks = ship
         gate = threading.Event()
         alone = llm.submit([9], SamplingParams(max_tokens=200, ignore_eos=True), on_token=lambda *a: gate.set(),
-                           on_finish=lambda out, _e: batch.append((out.request_id, "end")))
+                           on_finish=ended)
         gate.wait(10)
         llm.abort(alone)
         wait_for(1)
         ids = [llm.submit([1 + i], SamplingParams(max_tokens=6, ignore_eos=True),
-                          on_token=lambda rid, n, _d: batch.append((rid, n)),
-                          on_finish=lambda out, _e: batch.append((out.request_id, "end"))) for i in range(2)]
+                          on_token=lambda rid, n, _d: batch.append((rid, n)), on_finish=ended) for i in range(2)]
         wait_for(3)
         flat = [item for group in shipped for item in group]
         for rid in ids:
