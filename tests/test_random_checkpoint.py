@@ -6,7 +6,7 @@ import torch
 from slipstream import LLM, SamplingParams
 from slipstream.models import MODEL_CLASSES
 from slipstream.models.config import ModelConfig
-from slipstream.models.random_checkpoint import PRESETS, build_tokenizer, hf_config, write_checkpoint
+from slipstream.models.random_checkpoint import LAYOUT, PRESETS, build_tokenizer, hf_config, write_checkpoint
 from slipstream.tokenizer import Tokenizer
 
 
@@ -44,11 +44,20 @@ def test_tokenizer_covers_the_vocabulary_and_round_trips():
     assert all(tok.id_to_token(i) is not None for i in range(2000))
 
 
+def test_punctuation_is_as_rare_in_the_pieces_as_in_a_real_vocabulary():
+    """A grammar's mask inside a JSON string costs most on the pieces that could close it: a random
+    vocabulary with ten times a real one's quotes would make constrained benchmarks measure that."""
+    vocab = build_tokenizer(151936).get_vocab()
+    for ch in '"{,.':
+        share = sum(ch in piece for piece in vocab) / len(vocab)
+        assert 0.002 < share < 0.006, (ch, share)  # SmolLM2's real vocabulary: 0.10-0.33%
+
+
 def test_random_prefix_builds_once_into_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIPSTREAM_CACHE", str(tmp_path))
     with LLM("random:tiny-llama", device="cpu", num_pages=32) as llm:
         assert llm.generate(["the"], SamplingParams(max_tokens=3))[0].finish_reason in ("stop", "length")
-    weights = tmp_path / "random" / "tiny-llama" / "model.safetensors"
+    weights = tmp_path / "random" / LAYOUT / "tiny-llama" / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     with LLM("random:tiny-llama", device="cpu", num_pages=32):
         pass
