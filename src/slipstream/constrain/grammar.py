@@ -25,16 +25,18 @@ class GrammarConstraint:
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
+        self.terminated = False  # asked of every row twice a tick (finalize, commit): kept, not asked of XGrammar
 
     def advance(self, token_id: int) -> None:
         if not self.matcher.accept_token(token_id):
             raise RuntimeError(f"token {token_id} was sampled against its grammar mask")
+        self.terminated = self.matcher.is_terminated()
 
     def fill_mask(self, words: np.ndarray) -> None:
         self.matcher.fill_next_token_bitmask(torch.from_numpy(words)[None], 0)
 
     def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
+        return self.terminated
 
     @classmethod
     def fill_masks(cls, constraints: list["GrammarConstraint"], words: np.ndarray, rows: list[int]) -> None:
