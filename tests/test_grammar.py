@@ -143,6 +143,26 @@ def test_compiled_grammars_are_cached_with_a_bound(random_model):
         assert list(backend.cache) == [("regex", "c+"), ("regex", "d+")]
 
 
+def test_a_constraint_has_terminated_exactly_when_xgrammar_says_so(random_model):
+    """The engine keeps whether a grammar has ended (a stop token accepted) instead of asking XGrammar
+    per row per tick; it agrees with XGrammar's own answer, and a token the mask forbade raises."""
+    with LLM(str(random_model), device="cpu", num_pages=64) as llm:
+        llm.submit([1], SamplingParams(max_tokens=1, choice=["ab"]))
+        backend, tok = llm.core._grammar, llm.tokenizer
+        rows = [backend.constraint("choice", ["ab"]) for _ in range(3)]
+        first, *rest = tok.encode("ab", add_special_tokens=False)
+        assert rest, "the choice must take more than one token for the third row to stay incomplete"
+        for r in rows:
+            r.advance(first)
+        for t in rest:
+            rows[0].advance(t), rows[1].advance(t)
+        stop = min(rows[0].stop_ids)
+        rows[0].advance(stop)
+        assert [r.is_terminated() for r in rows] == [r.matcher.is_terminated() for r in rows] == [True, False, False]
+        with pytest.raises(RuntimeError, match=f"token {stop} was sampled against its grammar mask"):
+            rows[2].advance(stop)  # "ab" is not complete on this row
+
+
 def test_embedded_smollm2_answers_with_valid_json():
     try:
         embedded_default_path()

@@ -327,11 +327,15 @@ class Scheduler:
         start = time.perf_counter()
         if masked:
             words = self.runner.mask_rows(step)
-            words[:] = ALL_ALLOWED
             rows: dict[type, list[tuple[int, TokenConstraint]]] = {}
             for i, s in enumerate(step.sampled):  # (a terminated constraint has no next token: its row is a zombie)
                 if s.constraint is not None and not s.finalized and not s.constraint.is_terminated():
                     rows.setdefault(type(s.constraint), []).append((i, s.constraint))
+            unfilled = np.ones(len(words), bool)  # a batched fill writes its rows whole: the others allow all
+            for kind, group in rows.items():
+                if hasattr(kind, "fill_masks"):
+                    unfilled[[i for i, _ in group]] = False
+            words[unfilled] = ALL_ALLOWED
             if beside is not None and not any(hasattr(kind, "fill_masks") for kind in rows):
                 beside()
                 beside = None

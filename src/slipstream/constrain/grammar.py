@@ -25,12 +25,16 @@ class GrammarConstraint:
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
-        self.terminated = False  # asked of every row twice a tick (finalize, commit): kept, not asked of XGrammar
+        # A matcher terminates when it accepts a stop token (XGrammar's default), so that is kept here
+        # rather than asked of XGrammar for every row at every tick: each call into it lets go of the
+        # interpreter lock, and taking the lock back waits for whichever thread took it meanwhile.
+        self.stop_ids = frozenset(self.matcher.stop_token_ids)
+        self.terminated = False
 
     def advance(self, token_id: int) -> None:
         if not self.matcher.accept_token(token_id):
             raise RuntimeError(f"token {token_id} was sampled against its grammar mask")
-        self.terminated = self.matcher.is_terminated()
+        self.terminated = token_id in self.stop_ids
 
     def fill_mask(self, words: np.ndarray) -> None:
         self.matcher.fill_next_token_bitmask(torch.from_numpy(words)[None], 0)
