@@ -65,7 +65,7 @@ PRESETS: dict[str, Preset] = {
 def build_tokenizer(vocab_size: int, seed: int = 0, specials: list[str] = SPECIAL_TOKENS) -> Tokenizer:
     """`specials` take the first ids, in order. A drawn merge that holds punctuation is kept one time in
     four, so 0.37% of the 151,936 pieces hold a quote (SmolLM2's real vocabulary: 0.33%; uniform draws
-    gave 3.0%, and made XGrammar's mask inside a JSON string cost ~8x a real vocabulary's)."""
+    gave 3.0%, and made XGrammar's mask inside a JSON string cost ~4x what it costs now)."""
     byte_symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {t: i for i, t in enumerate(specials + byte_symbols)}
     if vocab_size < len(vocab):
