@@ -331,16 +331,16 @@ class Scheduler:
             for i, s in enumerate(step.sampled):  # (a terminated constraint has no next token: its row is a zombie)
                 if s.constraint is not None and not s.finalized and not s.constraint.is_terminated():
                     rows.setdefault(type(s.constraint), []).append((i, s.constraint))
+            batched = {kind for kind in rows if hasattr(kind, "fill_masks")}  # (XGrammar's runs on several threads)
             unfilled = np.ones(len(words), bool)  # a batched fill writes its rows whole: the others allow all
-            for kind, group in rows.items():
-                if hasattr(kind, "fill_masks"):
-                    unfilled[[i for i, _ in group]] = False
+            for kind in batched:
+                unfilled[[i for i, _ in rows[kind]]] = False
             words[unfilled] = ALL_ALLOWED
-            if beside is not None and not any(hasattr(kind, "fill_masks") for kind in rows):
+            if beside is not None and not batched:
                 beside()
                 beside = None
             for kind, group in rows.items():
-                if hasattr(kind, "fill_masks"):  # a batched fill (XGrammar's runs on several threads)
+                if kind in batched:
                     running = self._worker().submit(beside) if beside is not None else None
                     beside = None
                     kind.fill_masks([c for _, c in group], words, [i for i, _ in group])
