@@ -111,3 +111,24 @@ def test_the_shared_prefix_workload_runs_with_the_cache_and_without():
     assert (on.workload, off.workload, alone.workload) == ("shared-prefix cache on", "shared-prefix cache off",
                                                            "shared-prefix cache off")
     assert on.requests == off.requests == 8 and on.output_tokens == off.output_tokens == 24
+
+
+def test_bench_consumer_gets_every_delta_once_a_pass(tiny_llama):
+    """The bench hands text to its consumer thread as the server's engine process does: batched,
+    one hand-off a pass (fewer than one a token), and nothing lost by the end."""
+    from slipstream import LLM, SamplingParams
+    from slipstream.bench.decode import Consumer
+
+    with LLM(str(tiny_llama.path), device="cpu", max_num_seqs=4) as llm:
+        consumer = Consumer(llm)
+        handed = []
+        ship = llm.after_callbacks
+        llm.after_callbacks = lambda: (handed.append(len(consumer.batch)), ship())
+        ids = llm.submit_many([[1, 2], [3], [4, 5, 6]], SamplingParams(max_tokens=8, ignore_eos=True),
+                              on_token=consumer.push)
+        outs = [llm.result(i) for i in ids]
+        consumer.close()
+    assert llm.after_callbacks is None
+    for rid, out in zip(ids, outs):
+        assert "".join(consumer.text[rid]) == out.text
+    assert 0 < len([n for n in handed if n]) < sum(len(o.token_ids) for o in outs)

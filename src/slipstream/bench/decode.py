@@ -1,5 +1,5 @@
 """Throughput benchmarks, pipelined vs blocking, with the real bookkeeping (detokenization and
-hand-off of every text delta to a consumer thread, as a server would).
+hand-off of every pass's text deltas to a consumer thread, as the server's engine process does).
 
 - decode: `streams` requests of `prompt_tokens` random tokens, `max_tokens` outputs each, EOS
   ignored. Output tokens/s = all output tokens / wall time from the first submit to the last
@@ -51,22 +51,35 @@ class BenchResult:
 
 
 class Consumer:
-    """Receives every text delta on its own thread, like a server's response writer."""
+    """Receives every text delta on its own thread, as the server's engine process ships them: the
+    callbacks append to a batch that the loop thread hands over once a pass (`LLM.after_callbacks`),
+    so the consumer wakes once a step, not once a token."""
 
-    def __init__(self) -> None:
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.batch: list[tuple[int, str]] = []  # (the callbacks run one at a time, on the loop thread or beside it)
         self.text: dict[int, list[str]] = {}
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+        llm.after_callbacks = self._ship
 
     def push(self, request_id: int, num_tokens: int, delta: str) -> None:
-        self.queue.put((request_id, delta))
+        self.batch.append((request_id, delta))
+
+    def _ship(self) -> None:
+        if self.batch:
+            batch, self.batch = self.batch, []
+            self.queue.put(batch)
 
     def _run(self) -> None:
-        while (item := self.queue.get()) is not None:
-            self.text.setdefault(item[0], []).append(item[1])
+        while (batch := self.queue.get()) is not None:
+            for request_id, delta in batch:
+                self.text.setdefault(request_id, []).append(delta)
 
     def close(self) -> None:
+        """After every result: the loop has shipped the last batch with its last callbacks."""
+        self.llm.after_callbacks = None
         self.queue.put(None)
         self.thread.join()
 
@@ -101,7 +114,7 @@ def run_case(llm: LLM, streams: int, prompt_tokens: int, max_tokens: int, constr
                               seed=i, lora=loras[i % len(loras)] if loras else None) for i in range(streams - n_json)]
     log = llm.core.scheduler.commit_log
     log.clear()
-    consumer = Consumer()
+    consumer = Consumer(llm)
     t0 = time.perf_counter()
     ids = llm.submit_many(prompts, params, on_token=consumer.push)
     outs = [llm.result(i) for i in ids]
@@ -117,7 +130,7 @@ def run_short_case(llm: LLM, streams: int, prompt_tokens: int, requests_per_stre
                    seed: int = 0) -> BenchResult:
     log = llm.core.scheduler.commit_log
     log.clear()
-    consumer = Consumer()
+    consumer = Consumer(llm)
     outs: list = []
 
     def client(i: int) -> None:

@@ -12,8 +12,8 @@
 - shared-prefix: 256 requests of a 1,000-token shared prefix (a system prompt) and 50 unique
   tokens, 64 output tokens each, all at once; with the prefix cache, and again with its lookups and
   registration switched off in the same engine (on another prefix): TTFT and throughput.
-Every token's commit time is taken in the engine's per-token callback (on the loop thread), and its
-text delta handed to a consumer thread, as a server's response writer would receive it."""
+Every token's commit time is taken in the engine's per-token callback (on the loop thread), and the
+text deltas go to a consumer thread once a pass, as the server's engine process ships them."""
 from __future__ import annotations
 
 import random
@@ -62,9 +62,9 @@ class TrafficResult:
 class TokenClock:
     """Commit time of every token per request id; the deltas go on to a consumer thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, llm: LLM) -> None:
         self.times: dict[int, list[float]] = defaultdict(list)
-        self.consumer = Consumer()
+        self.consumer = Consumer(llm)
 
     def push(self, request_id: int, num_tokens: int, delta: str) -> None:
         self.times[request_id].append(time.perf_counter())
@@ -124,7 +124,7 @@ def run_mixed(llm: LLM, requests: int, prompt_range: tuple[int, int], output_ran
     shapes = [(rng.randint(*prompt_range), rng.randint(*output_range)) for _ in range(requests)]
     prompts = random_prompts(llm, [p for p, _ in shapes])
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in shapes]
-    clock, before = TokenClock(), llm.stats()
+    clock, before = TokenClock(llm), llm.stats()
     t0 = time.perf_counter()
     ids = _submit(llm, prompts, params, rate, clock, rng)
     outs = [llm.result(i) for i in ids]
@@ -148,7 +148,7 @@ def run_prefill(llm: LLM, repeats: int = 3) -> list[TrafficResult]:
         runs = []
         for _ in range(repeats):
             prompts = random_prompts(llm, lengths)
-            clock, before = TokenClock(), llm.stats()
+            clock, before = TokenClock(llm), llm.stats()
             t0 = time.perf_counter()
             outs = llm.generate(prompts, SamplingParams(max_tokens=1, ignore_eos=True))
             wall = time.perf_counter() - t0
@@ -162,7 +162,7 @@ def run_ttft(llm: LLM, lengths: list[int], repeats: int = 20, output_tokens: int
     """One request at a time: TTFT at light load for each prompt length."""
     results = []
     for n in lengths:
-        outs, clock, before = [], TokenClock(), llm.stats()
+        outs, clock, before = [], TokenClock(llm), llm.stats()
         t0 = time.perf_counter()
         for prompt in random_prompts(llm, [n] * repeats):
             rid = llm.submit(prompt, SamplingParams(max_tokens=output_tokens, ignore_eos=True), on_token=clock.push)
@@ -179,7 +179,7 @@ def run_interference(llm: LLM, decoding: int, arrival_tokens: int, steps: int = 
     for name in ("decode only", "interference"):
         prompts = random_prompts(llm, [64] * decoding)
         arrivals = random_prompts(llm, [arrival_tokens] * steps) if name == "interference" else []
-        clock, before = TokenClock(), llm.stats()
+        clock, before = TokenClock(llm), llm.stats()
         watched: list[int] = []  # the first stream's id: each of its commits brings an arrival
         arrived: list[int] = []
         lock = threading.Lock()
@@ -214,7 +214,7 @@ def run_shared_prefix(llm: LLM, requests: int = 256, prefix_tokens: int = 1000, 
         prefix = random_prompts(llm, [prefix_tokens])[0]
         prompts = [prefix + p for p in random_prompts(llm, [suffix_tokens] * requests)]
         llm.core.pool.caching = caching  # (read by the loop thread at its next admission)
-        clock, before = TokenClock(), llm.stats()
+        clock, before = TokenClock(llm), llm.stats()
         t0 = time.perf_counter()
         ids = llm.submit_many(prompts, SamplingParams(max_tokens=output_tokens, ignore_eos=True), on_token=clock.push)
         outs = [llm.result(i) for i in ids]
