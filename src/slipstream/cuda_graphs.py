@@ -7,7 +7,8 @@ last-token table, the KV pages), and so does its output (the slot's logits buffe
 forward is captured once per bucket and replayed. The fused decode variant also captures greedy
 sampling (argmax, the last-token scatter and the copy into the slot's sampled buffer) for steps
 with no mask, penalty, temperature or logprobs; the sampling graphs, replayed at finalize, read
-the bitmask from the slot's pinned host buffer (their first node copies it up). A prefill step's
+the bitmask from the slot's device buffer (`launch_sampling` copies it up on the upload stream
+first). A prefill step's
 grid is fixed per token bucket: its padding tokens write the scratch page, and the packed
 attention's unused programs exit.
 All graphs share one memory pool: they run one at a time on the one compute stream, and since no

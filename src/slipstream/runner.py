@@ -406,6 +406,8 @@ class ModelRunner:
         slot = self.slots[step.slot]
         rows, flags = step.num_rows, slot.flags
         if not slot.fused and rows:  # (a fused graph already sampled greedily)
+            if masked:  # (on the upload stream: the copy runs under the forward when the fill ends first)
+                self.layer.upload_ahead(slot.mask_dev[:rows], slot.mask_host[:rows], slot.mask_uploaded_event)
             variant = (masked, flags.any_random, flags.any_filter)
             if (self.graphs is not None and step.kind == "decode" and not flags.any_penalty and flags.logprobs is None
                     and not flags.any_skill and variant in SAMPLING_VARIANTS):
@@ -425,14 +427,11 @@ class ModelRunner:
 
     def sample_rows(self, slot: DecodeSlot, rows: int, masked: bool, flags: SamplingFlags,
                     logits: torch.Tensor) -> None:
-        """A token for each of `rows` rows of `logits` (the bitmask uploaded first where `masked`),
+        """A token for each of `rows` rows of `logits` (under the slot's device bitmask where `masked`),
         scattered into the last-token table and copied into the slot's sampled buffer; the penalty
         counts and the logprobs rows where `flags` ask for them (eager, or inside a graph capture)."""
         d = slot.dev
-        mask = None
-        if masked:
-            self.layer.upload(slot.mask_dev[:rows], slot.mask_host[:rows])
-            mask = slot.mask_dev[:rows]
+        mask = slot.mask_dev[:rows] if masked else None
         row_ids = d["rows"][:rows]
         inputs = SamplerInputs(seeds=d["seeds"][:rows], token_index=d["token_index"][:rows],
                                **{name: d[name][:rows] for name in _PER_ROW_PARAMS}, any_random=flags.any_random,

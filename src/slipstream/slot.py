@@ -68,6 +68,7 @@ class DecodeSlot:
         self.sampled = torch.zeros(max_rows, dtype=torch.int64, device=layer.device)
         self.sampled_event = layer.event()
         self.uploaded_event = layer.event()  # the step's metadata has reached the device
+        self.mask_uploaded_event = layer.event()  # the step's bitmask has reached the device
         self.landing = layer.landing((max_rows,), torch.int64)
         self.logprobs = torch.zeros((max_rows, 1 + 2 * MAX_LOGPROBS), dtype=torch.float64, device=layer.device)
         self.logprobs_landing = layer.landing((max_rows, 1 + 2 * MAX_LOGPROBS), torch.float64)

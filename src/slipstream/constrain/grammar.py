@@ -5,6 +5,7 @@ commit advances with the committed token and the finalize turns into the next st
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -14,6 +15,12 @@ import numpy as np
 import torch
 
 from ..tokenizer import Tokenizer
+
+
+# Threads of the batched fill. XGrammar's default is half the cores; on the H200's 16-core host a fill
+# of 32 / 64 rows took 0.29 / 0.36 ms so, against 0.22 / 0.33 ms on 4 threads and 0.68 / 0.68 on 16
+# (docs/benchmarks.md, run v): past four threads the fill only got slower.
+FILL_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
 class GrammarConstraint:
@@ -48,7 +55,7 @@ class GrammarConstraint:
         if cls.batch is None:
             import xgrammar as xgr
 
-            cls.batch = xgr.BatchGrammarMatcher()
+            cls.batch = xgr.BatchGrammarMatcher(FILL_THREADS)
         cls.batch.batch_fill_next_token_bitmask([c.matcher for c in constraints], words, rows)
 
 
