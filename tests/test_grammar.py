@@ -7,6 +7,9 @@ from __future__ import annotations
 import gc
 import json
 import re
+import sys
+import threading
+import time
 import weakref
 
 import jsonschema
@@ -161,6 +164,40 @@ def test_a_constraint_has_terminated_exactly_when_xgrammar_says_so(random_model)
         assert [r.is_terminated() for r in rows] == [r.matcher.is_terminated() for r in rows] == [True, False, False]
         with pytest.raises(RuntimeError, match=f"token {stop} was sampled against its grammar mask"):
             rows[2].advance(stop)  # "ab" is not complete on this row
+
+
+def test_advancing_a_matcher_keeps_the_interpreter_lock(random_model):
+    """A commit advances one matcher a row per tick on the loop thread; if each call let go of the
+    lock, any other busy Python thread would take it and the loop would wait for it to come back. A
+    thread that runs whenever it can get the lock does not run while 500 tokens are accepted (forced
+    switches are put off for the test)."""
+    with LLM(str(random_model), device="cpu", num_pages=64) as llm:
+        llm.submit([1], SamplingParams(max_tokens=1, regex="a+"))
+        row = llm.core._grammar.constraint("regex", "a+")
+        a = llm.tokenizer.encode("a", add_special_tokens=False)[0]
+        runs, started, done = [0], threading.Event(), threading.Event()
+
+        def other() -> None:
+            started.wait()
+            while not done.is_set():
+                runs[0] += 1
+                time.sleep(0)  # (lets go of the lock at once: only a call that let go of it lets this run)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(10.0)
+        try:
+            started.set()
+            before = runs[0]
+            for _ in range(500):
+                row.advance(a)
+            during = runs[0] - before
+        finally:
+            done.set()
+            sys.setswitchinterval(interval)
+            thread.join()
+    assert during == 0
 
 
 def test_embedded_smollm2_answers_with_valid_json():
