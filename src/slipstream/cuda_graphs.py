@@ -8,9 +8,8 @@ forward is captured once per bucket and replayed. The fused decode variant also 
 sampling (argmax, the last-token scatter and the copy into the slot's sampled buffer) for steps
 with no mask, penalty, temperature or logprobs; the sampling graphs, replayed at finalize, read
 the bitmask from the slot's device buffer (`launch_sampling` copies it up on the upload stream
-first). A prefill step's
-grid is fixed per token bucket: its padding tokens write the scratch page, and the packed
-attention's unused programs exit.
+first). A prefill step's grid is fixed per token bucket: its padding tokens write the scratch
+page, and the packed attention's unused programs exit.
 All graphs share one memory pool: they run one at a time on the one compute stream, and since no
 graph's output is an allocation of its own, what one leaves in the pool the next one reuses."""
 from __future__ import annotations

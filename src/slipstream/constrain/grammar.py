@@ -18,7 +18,7 @@ from ..tokenizer import Tokenizer
 
 
 # Threads of the batched fill. XGrammar's default is half the cores; on the H200's 16-core host a fill
-# of 32 / 64 rows took 0.29 / 0.36 ms so, against 0.22 / 0.33 ms on 4 threads and 0.68 / 0.68 on 16
+# of 32 / 64 rows took 0.29 / 0.36 ms that way (8 threads), 0.22 / 0.33 ms on 4 and 0.68 / 0.68 on 16
 # (docs/benchmarks.md, run v): past four threads the fill only got slower.
 FILL_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 
@@ -60,8 +60,8 @@ class GrammarConstraint:
 
 
 def hold_lock_in_matcher_calls() -> None:
-    """Make a matcher's own calls (accept a token, ask if it ended: a microsecond or two each, one a
-    row a tick on the loop thread) keep the interpreter lock. tvm-ffi lets go of it around every call
+    """Make a matcher's own calls (accepting a token: a microsecond or two, once a constrained row a
+    tick on the loop thread) keep the interpreter lock. tvm-ffi lets go of it around every call
     by default, and taking it back waits for any other thread that took it meanwhile: beside a busy
     Python thread, 64 accepts took 225 ms instead of 0.06 (the CPU machine). The batched fill, long
     and run on XGrammar's own threads, still lets go. XGrammar builds without tvm-ffi are left as
