@@ -33,8 +33,8 @@ class GrammarConstraint:
 
         self.matcher = xgr.GrammarMatcher(compiled)
         # A matcher terminates when it accepts a stop token (XGrammar's default), so that is kept here
-        # rather than asked of XGrammar for every row at every tick: each call into it lets go of the
-        # interpreter lock, and taking the lock back waits for whichever thread took it meanwhile.
+        # rather than asked of XGrammar twice a row at every tick (finalize and stop check): the tick's
+        # calls into XGrammar stay one accept a row and the batched fill.
         self.stop_ids = frozenset(self.matcher.stop_token_ids)
         self.terminated = False
 
