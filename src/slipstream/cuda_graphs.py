@@ -134,7 +134,7 @@ class StepGraphs:
         graph leaves the device in a state in which the decode graphs replay ~6% slower (Qwen2.5-0.5B,
         32 rows: 0.81 against 0.76 ms a step; their kernels stop overlapping under PDL) until eager
         kernels run on the stream, and it stays so for every later decode step. Two chained kernels
-        of any kind restore the fast state; one was not enough (docs/benchmarks.md, runs u and x). They
+        restore the fast state (RMSNorms, skinny GEMMs, the LM head: all alike); one was not enough (docs/benchmarks.md, runs u and x). They
         cost two launches (~10 µs of host) a prefill step."""
         from .kernels.norm import rms_norm
 
