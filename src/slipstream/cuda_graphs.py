@@ -26,7 +26,6 @@ from .runner import SAMPLING_VARIANTS, ModelRunner, SamplingFlags
 from .slot import DecodeSlot
 
 log = logging.getLogger("slipstream")
-SETTLE_KERNELS = 2  # eager kernels launched behind each prefill graph replay (StepGraphs.settle)
 
 
 def sampling_flags(variant: tuple[bool, bool, bool]) -> SamplingFlags:
@@ -41,8 +40,9 @@ class StepGraphs:
         self.packed: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.sampling: dict[tuple[int, int, tuple[bool, bool, bool]], torch.cuda.CUDAGraph] = {}
         self.token_buckets = token_buckets
-        self.settle_rows = torch.zeros(2, 1, 64, dtype=runner.model.lm_head.weight.dtype, device=runner.layer.device)
-        self.settle_weight = torch.ones(64, dtype=runner.model.lm_head.weight.dtype, device=runner.layer.device)
+        dtype, device = runner.model.lm_head.weight.dtype, runner.layer.device
+        self.settle_rows = torch.zeros(2, 1, 64, dtype=dtype, device=device)  # (in and out of `settle`'s norms)
+        self.settle_weight = torch.ones(64, dtype=dtype, device=device)
         stream = runner.layer.compute_stream
         width = runner.max_pages_per_seq
         torch.cuda.synchronize()  # weights, cache and slot buffers were made on the default stream
@@ -134,10 +134,9 @@ class StepGraphs:
         graph leaves the device in a state in which the decode graphs replay ~6% slower (Qwen2.5-0.5B,
         32 rows: 0.81 against 0.76 ms a step; their kernels stop overlapping under PDL) until eager
         kernels run on the stream, and it stays so for every later decode step. Two chained kernels
-        restore the fast state (RMSNorms, skinny GEMMs, the LM head: all alike); one was not enough (docs/benchmarks.md, runs u and x). They
-        cost two launches (~10 µs of host) a prefill step."""
+        restore the fast state (RMSNorms, skinny GEMMs, the LM head: all alike); one was not enough
+        (docs/benchmarks.md, runs u and x). They cost two launches (~10 µs of host) a prefill step."""
         from .kernels.norm import rms_norm
 
-        rows = self.settle_rows
-        for i in range(SETTLE_KERNELS):
-            rms_norm(rows[i % 2], self.settle_weight, 1e-6, out=rows[(i + 1) % 2])
+        a, b = self.settle_rows
+        rms_norm(rms_norm(a, self.settle_weight, 1e-6, out=b), self.settle_weight, 1e-6, out=a)
