@@ -212,7 +212,7 @@ def run_shared_prefix(llm: LLM, requests: int = 256, prefix_tokens: int = 1000, 
     modes = (True, False) if llm.core.pool.caching else (False,)
     for caching in modes:
         prefix = random_prompts(llm, [prefix_tokens])[0]
-        prompts = [prefix + p for p in random_prompts(llm, [suffix_tokens] * requests)]
+        prompts = [np.concatenate((prefix, p)) for p in random_prompts(llm, [suffix_tokens] * requests)]
         llm.core.pool.caching = caching  # (read by the loop thread at its next admission)
         clock, before = TokenClock(llm), llm.stats()
         t0 = time.perf_counter()
