@@ -53,6 +53,19 @@ def test_cuda_chunked_prefill_matches_transformers(tiny_llama, graphs):
                                                                           tiny_llama.eos_id))
 
 
+def test_prefill_head_computes_the_sampled_rows_alone(tiny_llama):
+    """A captured prefill step's LM head runs over its sampled rows' batch bucket, not over every row
+    its token bucket could sample, and samples greedy rows inside its graph (fused); a prefill step
+    that samples nothing (a long prompt's first chunks) runs no head."""
+    calls = []
+    with cuda_llm(tiny_llama, max_prefill_tokens=32) as llm:
+        replay = llm.core.runner.graphs.replay_head
+        llm.core.runner.graphs.replay_head = lambda *a: (calls.append(a[1:]), replay(*a))[1]
+        llm.generate([[5, 6, 7], [1], [8, 9]], SamplingParams(max_tokens=2))
+        llm.generate([list(range(100))], SamplingParams(max_tokens=1))
+    assert calls == [(4, True), (1, True)]
+
+
 def test_cuda_pipelined_equals_blocking(tiny_llama):
     reqs = random_workload(5, tiny_llama.vocab_size, tiny_llama.eos_id)
     assert_modes_agree(tiny_llama, reqs, lambda mode: cuda_llm(tiny_llama, mode, max_num_seqs=3))

@@ -1,15 +1,19 @@
 """CUDA graphs of the step's forward: decode steps per (slot, batch-size bucket, sampling fused or
-not), prefill steps per (slot, token bucket); and of a decode step's sampling where it is not fused
-(a constrained or tempered step's) per (slot, batch-size bucket, runner.SAMPLING_VARIANTS).
+not); prefill steps per (slot, token bucket) up to the final norm of their sampled rows, then their
+LM head per (slot, batch-size bucket of those rows, sampling fused or not); and of a step's
+sampling where it is not fused (a constrained or tempered step's) per (slot, batch-size bucket,
+runner.SAMPLING_VARIANTS).
 
 Every input of a forward lives at a fixed address (the slot's packed metadata on the device, the
 last-token table, the KV pages), and so does its output (the slot's logits buffer), so each slot's
-forward is captured once per bucket and replayed. The fused decode variant also captures greedy
+forward is captured once per bucket and replayed. The fused variants also capture greedy
 sampling (argmax, the last-token scatter and the copy into the slot's sampled buffer) for steps
 with no mask, penalty, temperature or logprobs; the sampling graphs, replayed at finalize, read
 the bitmask from the slot's device buffer (`launch_sampling` copies it up on the upload stream
 first). A prefill step's grid is fixed per token bucket: its padding tokens write the scratch
-page, and the packed attention's unused programs exit.
+page, and the packed attention's unused programs exit. Its head is apart so that it computes the
+logits of the rows the step samples, not of every row the bucket could sample (Qwen2.5-0.5B: 256
+rows of 152k fp32 logits, where 32 decode rows and a prompt chunk sample 33).
 A prefill graph's replay is followed by two small eager kernels (`settle`): see there.
 All graphs share one memory pool: they run one at a time on the one compute stream, and since no
 graph's output is an allocation of its own, what one leaves in the pool the next one reuses."""
@@ -37,7 +41,8 @@ class StepGraphs:
     def __init__(self, runner: ModelRunner, decode_buckets: list[int], token_buckets: list[int]) -> None:
         """`token_buckets` may be empty: prefill steps then run eagerly."""
         self.decode: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.packed: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.packed: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.head: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.sampling: dict[tuple[int, int, tuple[bool, bool, bool]], torch.cuda.CUDAGraph] = {}
         self.token_buckets = token_buckets
         dtype, device = runner.model.lm_head.weight.dtype, runner.layer.device
@@ -55,6 +60,8 @@ class StepGraphs:
             runner.stage_padding(slot, max(decode_buckets))
             for b in decode_buckets:
                 runner.greedy_tail(slot, b, runner.decode_forward(slot, b, width))
+                if token_buckets:
+                    runner.head_forward(slot, b, fused=True)
                 for variant in SAMPLING_VARIANTS:
                     runner.sample_rows(slot, b, variant[0], sampling_flags(variant), slot.logits_buffer[:b])
         torch.cuda.synchronize()
@@ -65,10 +72,10 @@ class StepGraphs:
         def capture(forward, *args, fused: bool = False) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
-                logits = forward(*args)
+                out = forward(*args)
                 if fused:
-                    runner.greedy_tail(args[0], args[1], logits)
-            return graph, logits
+                    runner.greedy_tail(args[0], args[1], out)
+            return graph, out
 
         def capture_sampling(slot: DecodeSlot, rows: int, variant: tuple[bool, bool, bool]) -> torch.cuda.CUDAGraph:
             graph = torch.cuda.CUDAGraph()
@@ -76,17 +83,20 @@ class StepGraphs:
                 runner.sample_rows(slot, rows, variant[0], sampling_flags(variant), slot.logits_buffer[:rows])
             return graph
 
-        per_bucket = 2 + len(SAMPLING_VARIANTS)
+        per_bucket = 2 * (1 + bool(token_buckets)) + len(SAMPLING_VARIANTS)
         bar = tqdm(total=len(runner.slots) * (len(token_buckets) + per_bucket * len(decode_buckets)),
                    desc="capturing CUDA graphs", unit="graph", leave=False)
         for slot in runner.slots:
             for n in token_buckets:
-                self.packed[(slot.index, n)] = capture(runner.packed_forward, slot, n, runner.logit_rows(n))
+                self.packed[(slot.index, n)] = capture(runner.packed_forward, slot, n, runner.logit_rows(n))[0]
                 bar.update()
             for b in decode_buckets:
                 for fused in (False, True):
                     self.decode[(slot.index, b, fused)] = capture(runner.decode_forward, slot, b, width, fused=fused)
                     bar.update()
+                    if token_buckets:
+                        self.head[(slot.index, b, fused)] = capture(runner.head_forward, slot, b, fused)
+                        bar.update()
                 for variant in SAMPLING_VARIANTS:
                     self.sampling[(slot.index, b, variant)] = capture_sampling(slot, b, variant)
                     bar.update()
@@ -95,11 +105,13 @@ class StepGraphs:
             for slot in runner.slots:
                 for n in token_buckets:
                     runner.stage_padding(slot, n, packed=True)
-                    self.packed[(slot.index, n)][0].replay()
+                    self.packed[(slot.index, n)].replay()
                 runner.stage_padding(slot, max(decode_buckets))
                 for b in decode_buckets:
                     for fused in (False, True):
                         self.decode[(slot.index, b, fused)][0].replay()
+                        if token_buckets:
+                            self.head[(slot.index, b, fused)][0].replay()
                     for variant in SAMPLING_VARIANTS:
                         self.sampling[(slot.index, b, variant)].replay()
         torch.cuda.synchronize()
@@ -109,7 +121,7 @@ class StepGraphs:
                  decode_buckets, token_buckets, self.capture_seconds, self.memory_bytes / 2**20)
 
     def __len__(self) -> int:
-        return len(self.decode) + len(self.packed) + len(self.sampling)
+        return len(self.decode) + len(self.packed) + len(self.head) + len(self.sampling)
 
     def token_bucket(self, tokens: int) -> int:
         """The smallest captured prefill size that holds `tokens` tokens."""
@@ -123,10 +135,13 @@ class StepGraphs:
     def replay_sampling(self, slot_index: int, rows: int, variant: tuple[bool, bool, bool]) -> None:
         self.sampling[(slot_index, rows, variant)].replay()
 
-    def replay_packed(self, slot_index: int, tokens: int) -> torch.Tensor:
-        graph, logits = self.packed[(slot_index, tokens)]
-        graph.replay()
+    def replay_packed(self, slot_index: int, tokens: int) -> None:
+        self.packed[(slot_index, tokens)].replay()
         self.settle()
+
+    def replay_head(self, slot_index: int, rows: int, fused: bool) -> torch.Tensor:
+        graph, logits = self.head[(slot_index, rows, fused)]
+        graph.replay()
         return logits
 
     def settle(self) -> None:

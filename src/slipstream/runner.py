@@ -100,8 +100,8 @@ class ModelRunner:
         # the packed attention's tiles running at once, which its planner balances long tiles' splits over
         self.parallel_tiles = max(1, PROGRAMS_PER_SM * sm_count() // self.kv_heads) if layer.is_cuda else 1
         self.slots = [DecodeSlot(i, layer, max_step_tokens, max_num_seqs, max_pages_per_seq,
-                                 self._grid(max_step_tokens), self.vocab_size,
-                                 cfg.hidden_size if heads is not None else 0, model.lm_head.weight.dtype)
+                                 self._grid(max_step_tokens), self.vocab_size, cfg.hidden_size,
+                                 model.lm_head.weight.dtype, keep_hidden=heads is not None)
                       for i in range(2)]
         self.last_tokens = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=layer.device)
         # each row's pages (allocated in full at admission, so fixed while the row is held), on the host
@@ -163,7 +163,8 @@ class ModelRunner:
         self.row_logprobs[row] = -1 if params.logprobs is None else params.logprobs
 
     def logit_rows(self, tokens: int) -> int:
-        """Rows of logits a captured prefill step of `tokens` tokens computes (its sampled rows at most)."""
+        """Rows a captured prefill step of `tokens` tokens carries to its final norm (its sampled rows at
+        most; its head then computes the logits of those it samples)."""
         return min(tokens, self.max_rows)
 
     def launch_forward(self, step: Step) -> None:
@@ -172,16 +173,18 @@ class ModelRunner:
         slot = self.slots[step.slot]
         h = slot.host
         sampled = step.sampled
+        n = len(sampled)
         if step.kind == "prefill":
             tokens = step.num_tokens
             padded = self.graphs.token_bucket(tokens) if self.prefill_captured else tokens
-            rows = step.num_rows = len(sampled)
+            # (a captured head runs per batch-size bucket of the sampled rows, as a decode step's forward)
+            rows = step.num_rows = decode_bucket(n, self.max_rows) if self.prefill_captured and n else n
             self._stage_packed(step, slot, padded)
+            h["rows"][n:rows] = self.scratch_row
         else:
-            rows = step.num_rows = decode_bucket(len(sampled), self.max_rows)
+            rows = step.num_rows = decode_bucket(n, self.max_rows)
             width = self._stage_decode(step.seqs, h)
-            self._pad_rows(h, slice(len(sampled), rows), width)
-        n = len(sampled)
+            self._pad_rows(h, slice(n, rows), width)
         h["rows"][:n] = np.fromiter((s.row for s in sampled), np.int64, n)
         h["token_index"][:n] = np.fromiter((s.sampled_launched for s in sampled), np.int64, n)
         held = h["rows"][:rows]  # (padded rows: the scratch row, whose parameters are neutral)
@@ -195,8 +198,9 @@ class ModelRunner:
                                    bool(self.row_penalized[held].any()), _largest_logprobs(self.row_logprobs[held]),
                                    bool(skills.any()), bool((skills >= 2).any()))
         flags = slot.flags
-        slot.fused = (self.graphs is not None and step.kind == "decode" and not step.constrained
-                      and not (flags.any_random or flags.any_penalty or flags.any_skill) and flags.logprobs is None)
+        captured = self.graphs is not None and (step.kind == "decode" or self.prefill_captured and rows > 0)
+        slot.fused = (captured and not step.constrained and not (flags.any_random or flags.any_penalty or flags.any_skill)
+                      and flags.logprobs is None)
         if self.profiler is not None:
             self.profiler.mark(step, 0)
         if self.clock is not None:
@@ -208,10 +212,11 @@ class ModelRunner:
             if step.images or step.page_copies:
                 self._prefill_images(step)
             if self.prefill_captured:
-                logits = self.graphs.replay_packed(slot.index, padded)
+                self.graphs.replay_packed(slot.index, padded)
+                slot.logits = self.graphs.replay_head(slot.index, rows, slot.fused) if rows else None
             else:
-                logits = self.packed_forward(slot, padded, max(1, rows))
-            slot.logits = logits[:rows]
+                self.packed_forward(slot, padded, max(1, rows))
+                slot.logits = self.head_forward(slot, rows) if rows else None
         elif self.graphs is not None:
             slot.logits = self.graphs.replay_decode(slot.index, rows, slot.fused)
         else:
@@ -319,7 +324,8 @@ class ModelRunner:
 
     def packed_forward(self, slot: DecodeSlot, tokens: int, logit_rows: int) -> torch.Tensor:
         """The forward of a prefill step of `tokens` tokens (padding included) over the slot's staged
-        metadata (eager, or inside a graph capture): logits of its first `logit_rows` sampled rows."""
+        metadata (eager, or inside a graph capture), up to the final norm of its first `logit_rows`
+        sampled rows, into the slot's `normed` buffer: `head_forward` takes them from there."""
         d = slot.dev
         ids = d["ids"][:tokens]
         ids = torch.where(ids >= 0, ids, self.last_tokens[(-1 - ids).clamp(min=0)])
@@ -328,7 +334,16 @@ class ModelRunner:
                                d["decode_lens"][:self.logit_rows(tokens) if self.decode_rows_apart else 0],
                                slot.host_lens)
         return self.model(ids, d["positions"][:tokens], attn, self.kv, d["logits_index"][:logit_rows],
-                          slot.logits_buffer, slot.hidden, self._lora_rows(d, tokens))
+                          hidden_out=slot.hidden, lora=self._lora_rows(d, tokens), normed_out=slot.normed)
+
+    def head_forward(self, slot: DecodeSlot, rows: int, fused: bool = False) -> torch.Tensor:
+        """A prefill step's LM head over its first `rows` normed rows (eager, or captured per batch-size
+        bucket: the step's sampled rows, not every row its forward computes), into the slot's logits
+        buffer; `fused`: then greedy sampling, as a fused decode graph."""
+        logits = self.model.logits(slot.normed[:rows], slot.logits_buffer)
+        if fused:
+            self.greedy_tail(slot, rows, logits)
+        return logits
 
     def decode_forward(self, slot: DecodeSlot, rows: int, width: int) -> torch.Tensor:
         """The decode forward over the slot's staged metadata (eager, or inside a graph capture)."""
@@ -400,16 +415,18 @@ class ModelRunner:
 
     def launch_sampling(self, step: Step, masked: bool) -> None:
         """Queue sampling, the last-token scatter, the penalty counts, and the host copies of the
-        sampled tokens (and their logprobs where asked for). A decode step without penalties or
-        logprobs replays its captured sampling (`sample_rows`: a few launches of host work less,
-        which a constrained step's critical path pays after its mask fill)."""
+        sampled tokens (and their logprobs where asked for). A step without penalties or logprobs
+        replays its captured sampling, a prefill step's too where its head is captured (`sample_rows`:
+        a few launches of host work less, which a constrained step's critical path pays after its mask
+        fill)."""
         slot = self.slots[step.slot]
         rows, flags = step.num_rows, slot.flags
         if not slot.fused and rows:  # (a fused graph already sampled greedily)
             if masked:  # (on the upload stream: the copy runs under the forward when the fill ends first)
                 self.layer.upload_ahead(slot.mask_dev[:rows], slot.mask_host[:rows], slot.mask_uploaded_event)
             variant = (masked, flags.any_random, flags.any_filter)
-            if (self.graphs is not None and step.kind == "decode" and not flags.any_penalty and flags.logprobs is None
+            if (self.graphs is not None and (step.kind == "decode" or self.prefill_captured) and not flags.any_penalty
+                    and flags.logprobs is None
                     and not flags.any_skill and variant in SAMPLING_VARIANTS):
                 self.graphs.replay_sampling(slot.index, rows, variant)
             else:

@@ -52,8 +52,9 @@ def meta_size(max_tokens: int, max_rows: int, max_pages: int, max_programs: int)
 
 class DecodeSlot:
     def __init__(self, index: int, layer: DeviceLayer, max_tokens: int, max_rows: int, max_pages: int,
-                 max_programs: int, vocab_size: int, hidden_size: int = 0, dtype: torch.dtype = torch.float32) -> None:
-        """`hidden_size` > 0 keeps each step's hidden states of its sampled rows (Moondream's region heads)."""
+                 max_programs: int, vocab_size: int, hidden_size: int, dtype: torch.dtype = torch.float32,
+                 keep_hidden: bool = False) -> None:
+        """`keep_hidden` keeps each step's hidden states of its sampled rows (Moondream's region heads)."""
         self.index = index
         size = meta_size(max_tokens, max_rows, max_pages, max_programs)
         self.meta_host = layer.pinned(size, torch.int64)
@@ -73,11 +74,13 @@ class DecodeSlot:
         self.logprobs = torch.zeros((max_rows, 1 + 2 * MAX_LOGPROBS), dtype=torch.float64, device=layer.device)
         self.logprobs_landing = layer.landing((max_rows, 1 + 2 * MAX_LOGPROBS), torch.float64)
         self.logits_buffer = torch.zeros((max_rows, vocab_size), dtype=torch.float32, device=layer.device)
-        self.hidden = torch.zeros((max_rows, hidden_size), dtype=dtype, device=layer.device) if hidden_size else None
+        self.hidden = torch.zeros((max_rows, hidden_size), dtype=dtype, device=layer.device) if keep_hidden else None
+        # a prefill step's sampled rows after the final norm, which its LM head reads (ModelRunner.head_forward)
+        self.normed = torch.zeros((max_rows, hidden_size), dtype=dtype, device=layer.device)
         self.values = torch.zeros((max_rows, 3), dtype=torch.int64, device=layer.device)  # point/detect bins
         self.values_landing = layer.landing((max_rows, 3), torch.int64)
         self.flags = None  # the runner's per-step sampling flags, set at launch
-        self.fused = False  # this step's decode graph already sampled greedily
+        self.fused = False  # this step's graph (decode forward, or a prefill step's head) sampled greedily
         self.logits: torch.Tensor | None = None  # this step's rows of logits_buffer
         self.host_lens: list[tuple[int, int]] = []  # a prefill step's (tokens, context) per sequence (torch path)
 

@@ -153,11 +153,14 @@ class CausalLM(nn.Module):
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionInputs, kv: KVCache,
                 logits_index: torch.Tensor | None, logits_out: torch.Tensor | None = None,
-                hidden_out: torch.Tensor | None = None, lora=None) -> torch.Tensor:
+                hidden_out: torch.Tensor | None = None, lora=None,
+                normed_out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [rows, vocab] (fp32) for the tokens at `logits_index` (all tokens when None), into
         the first rows of `logits_out` when given; those rows' hidden states before the final norm
         into `hidden_out` when given (Moondream's region heads read them). `lora`: the step's
-        LoraRows (each token's adapter slot), None where the engine has no LoRA slots."""
+        LoraRows (each token's adapter slot), None where the engine has no LoRA slots. With
+        `normed_out`, the rows after the final norm go there instead and the LM head is left to
+        `logits` (a prefill step's head runs apart, over its sampled rows alone)."""
         x = self.model.embed_tokens(ids)
         rope = self.rotary.table(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
@@ -172,9 +175,15 @@ class CausalLM(nn.Module):
         if hidden_out is not None:
             hidden_out[: x.shape[0]].copy_(x)
         x = norm(x) if normed is None else normed
-        if logits_out is not None:
-            return linear(x, self.lm_head.weight, self.lm_head.bias, out=logits_out[: x.shape[0]])
-        return linear(x, self.lm_head.weight, self.lm_head.bias, out_dtype=torch.float32)
+        if normed_out is not None:
+            return normed_out[: x.shape[0]].copy_(x)
+        return self.logits(x, logits_out)
+
+    def logits(self, normed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The LM head over final-normed rows: fp32 logits, into the first rows of `out` when given."""
+        if out is not None:
+            return linear(normed, self.lm_head.weight, self.lm_head.bias, out=out[: normed.shape[0]])
+        return linear(normed, self.lm_head.weight, self.lm_head.bias, out_dtype=torch.float32)
 
 
 class LlamaForCausalLM(CausalLM):
