@@ -269,6 +269,33 @@ def test_6_cached_pages_are_held_while_steps_read_them_and_runs_start_the_prefil
     assert sum(s.cached_tokens > 0 for s in seqs) >= 8 and sched.cached_tokens == sum(s.cached_tokens for s in seqs)
 
 
+@pytest.mark.parametrize("mode", ["pipelined", "blocking"])
+def test_6_a_chunks_pages_are_registered_after_the_ticks_commit_and_before_the_next_plan(tiny_llama, mode):
+    """Hashing a long chunk's pages does not hold back the tokens the same tick commits: pipelined,
+    the step launched in the tick is still unregistered while the previous step's callbacks run;
+    blocking, its own commit (which may release its sequences) comes after. No plan ever runs
+    before the last launched step's pages are registered, and a repeat of the prompt finds them."""
+    core = make_core(tiny_llama, mode, [], num_pages=200, max_prefill_tokens=40)
+    sched = core.scheduler
+    at_commit, plans = [], []
+    plan = sched._plan
+    sched._plan = lambda: (plans.append(sched._unregistered), plan())[1]
+    decoding = core.make_sequence([5, 6], SamplingParams(max_tokens=30, ignore_eos=True),
+                                  lambda *a: at_commit.append(sched._unregistered))
+    sched.add(decoding)
+    run_until(core, lambda: len(decoding.output_ids) == 2)
+    prompt = list(range(1, 130))
+    sched.add(core.make_sequence(prompt, SamplingParams(max_tokens=2), None))
+    run_until(core, lambda: not sched.has_work())
+    repeat = core.make_sequence(prompt, SamplingParams(max_tokens=2), None)
+    sched.add(repeat)
+    run_until(core, lambda: not sched.has_work())
+    assert plans and all(step is None for step in plans)
+    chunked = [step for step in at_commit if step is not None and step.chunks]
+    assert len(chunked) == (4 if mode == "pipelined" else 0)  # (129 tokens in chunks of 39: four steps)
+    assert repeat.cached_tokens == 128
+
+
 def slow_fill(constraints: list, words, rows: list[int]) -> None:
     """Successor's masks, after a while outside the interpreter lock (as XGrammar's fill), logged."""
     start = time.perf_counter()

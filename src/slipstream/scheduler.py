@@ -28,7 +28,9 @@ anything decodes: `max_prefill_chunk` scaled by what the rows cost (see there). 
      finishing, releases), on the worker or not, is done before the tick ends, so the next plan
      sees it, and a request's callbacks run in token order, one at a time.
   6. Prefix caching: a page is registered under its key only once the KV of the tokens the key
-     names is written or queued (a prompt's full pages when the step that fills them is launched;
+     names is written or queued (a prompt's full pages once the step that fills them is launched,
+     and before the next plan or that step's commit: the tick registers them after its commit, so
+     hashing a large chunk's pages does not hold back the tokens of the step before it;
      an image prefix's at its admission, as the step's image work runs before any prompt of it
      reads them; generated ones at release, up to the tokens both committed and written); a
      sequence holds every page of its table from admission to release, so no page an in-flight
@@ -140,6 +142,7 @@ class Scheduler:
         self.cached_tokens = 0  # prefix already encoded), for the hit rate
         self.commit_log: deque[tuple[str, float]] = deque(maxlen=100_000)  # (kind, commit time), for benchmarks
         self.waited = 0.0  # seconds this tick spent blocked on a copy event
+        self._unregistered: Step | None = None  # launched, its prompt pages not yet registered (invariant 6)
         self._commit_worker: ThreadPoolExecutor | None = None  # runs a commit's rest beside a mask fill
 
     # ---- requests -------------------------------------------------------------------------
@@ -183,6 +186,8 @@ class Scheduler:
             oldest = pipe.oldest()
             if not oldest.finalized:
                 self._finalize(oldest)
+            if oldest is self._unregistered:  # (blocking: before its commit releases any of its sequences)
+                self._register_launched()
             rest = functools.partial(self._commit_rest, oldest, self._commit_tokens(oldest))
             following = pipe.unfinalized()
             if following:
@@ -191,6 +196,8 @@ class Scheduler:
                 rest()
         for step in pipe.unfinalized():
             self._finalize(step)
+        if self._unregistered is not None:
+            self._register_launched()
         if self.runner.profiler is not None:
             self.runner.profiler.tick(start, time.perf_counter(), self.waited)
 
@@ -221,7 +228,7 @@ class Scheduler:
         for s in step.sampled:
             s.sampled_launched += 1
         if self.pool.caching:
-            self._register_launched(step)
+            self._unregistered = step
         self.steps[step.kind] += 1
         self._timed("launch", start)
         if not step.constrained:
@@ -510,9 +517,10 @@ class Scheduler:
         pages = self.pool.lookup(prefix.keys)
         return pages if len(pages) == len(prefix.keys) else []
 
-    def _register_launched(self, step: Step) -> None:
-        """Register the full prompt pages the step's chunks fill (not sooner: a chunk of the same
-        step must not read a page that the same forward writes)."""
+    def _register_launched(self) -> None:
+        """Register the full prompt pages the last launched step's chunks fill (not before its launch:
+        a chunk of the same step must not read a page that the same forward writes)."""
+        step, self._unregistered = self._unregistered, None
         for s in step.seqs[step.num_decode:]:
             full = min(s.kv_len, len(s.prompt_ids)) // self.pool.page_size
             keys = self._page_keys(s, full)
