@@ -220,6 +220,20 @@ def test_planted_read_before_wait_is_caught(tiny_llama, monkeypatch):
         llm.submit([1])
 
 
+def test_start_up_objects_are_frozen_out_of_the_collectors_walk(tiny_llama):
+    """What the engine builds once (the detokenizer's byte table among it: one object per token id)
+    is frozen at start-up, so no collection on the loop thread walks it; building it at the first
+    request left it young, and a gen-1 pass over it stalled the loop (run y)."""
+    import gc
+
+    with make_llm(tiny_llama) as llm:
+        table = llm.tokenizer.token_bytes
+        assert table is not None and gc.get_freeze_count() > 0
+        assert not any(o is table for o in gc.get_objects())
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3))
+        assert llm.tokenizer.token_bytes is table
+
+
 def test_loop_blocks_when_idle(tiny_llama):
     with make_llm(tiny_llama) as llm:
         llm.generate([[1]], SamplingParams(max_tokens=2))
