@@ -98,8 +98,9 @@ _TOKENS = random.Random(0)  # the token ids of every prompt the benchmarks draw 
 def random_prompts(llm: LLM, lengths: list[int]) -> list[np.ndarray]:
     """Prompts of random token ids, each new in this process (one seeded stream draws them all): no
     workload is served from the prefix cache unless it is the one measuring it. As int64 arrays,
-    which the collector does not walk: 200 lists of 1,024 ints in its young generations made one of
-    its passes 5-10 ms on the H200's host, and every pass holds the loop thread (run y)."""
+    which the garbage collector does not walk: while young, a list of 1,024 ints adds to every
+    collection that meets it, and each collection holds the loop thread (the engine keeps prompts
+    as arrays for the same reason; interference's 200 arrivals were 200 such lists)."""
     vocab = llm.core.model_config.vocab_size
     return [np.array([_TOKENS.randrange(vocab) for _ in range(n)], np.int64) for n in lengths]
 
