@@ -198,7 +198,7 @@ class ModelRunner:
                                    bool(self.row_penalized[held].any()), _largest_logprobs(self.row_logprobs[held]),
                                    bool(skills.any()), bool((skills >= 2).any()))
         flags = slot.flags
-        captured = self.graphs is not None and (step.kind == "decode" or self.prefill_captured and rows > 0)
+        captured = self.graphs is not None and (step.kind == "decode" or (self.prefill_captured and rows > 0))
         slot.fused = (captured and not step.constrained and not (flags.any_random or flags.any_penalty or flags.any_skill)
                       and flags.logprobs is None)
         if self.profiler is not None:
@@ -426,8 +426,7 @@ class ModelRunner:
                 self.layer.upload_ahead(slot.mask_dev[:rows], slot.mask_host[:rows], slot.mask_uploaded_event)
             variant = (masked, flags.any_random, flags.any_filter)
             if (self.graphs is not None and (step.kind == "decode" or self.prefill_captured) and not flags.any_penalty
-                    and flags.logprobs is None
-                    and not flags.any_skill and variant in SAMPLING_VARIANTS):
+                    and flags.logprobs is None and not flags.any_skill and variant in SAMPLING_VARIANTS):
                 self.graphs.replay_sampling(slot.index, rows, variant)
             else:
                 self.sample_rows(slot, rows, masked, flags, slot.logits)

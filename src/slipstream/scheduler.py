@@ -520,6 +520,7 @@ class Scheduler:
     def _register_launched(self) -> None:
         """Register the full prompt pages the last launched step's chunks fill (not before its launch:
         a chunk of the same step must not read a page that the same forward writes)."""
+        start = time.perf_counter()
         step, self._unregistered = self._unregistered, None
         for s in step.seqs[step.num_decode:]:
             full = min(s.kv_len, len(s.prompt_ids)) // self.pool.page_size
@@ -527,6 +528,7 @@ class Scheduler:
             for i in range(s.registered, full):
                 self.pool.register(s.pages[i], keys[i])
             s.registered = max(s.registered, full)
+        self._timed("launch", start)  # (the profiler counts it with the launch that owes it)
 
     def _register_written(self, seq: Sequence) -> None:
         """At release: register the full pages of generated tokens whose KV was written (an aborted
