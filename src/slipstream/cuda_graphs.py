@@ -61,7 +61,7 @@ class StepGraphs:
             for b in decode_buckets:
                 runner.greedy_tail(slot, b, runner.decode_forward(slot, b, width))
                 if token_buckets:
-                    runner.head_forward(slot, b, fused=True)
+                    runner.greedy_tail(slot, b, runner.head_forward(slot, b))
                 for variant in SAMPLING_VARIANTS:
                     runner.sample_rows(slot, b, variant[0], sampling_flags(variant), slot.logits_buffer[:b])
         torch.cuda.synchronize()
@@ -95,7 +95,7 @@ class StepGraphs:
                     self.decode[(slot.index, b, fused)] = capture(runner.decode_forward, slot, b, width, fused=fused)
                     bar.update()
                     if token_buckets:
-                        self.head[(slot.index, b, fused)] = capture(runner.head_forward, slot, b, fused)
+                        self.head[(slot.index, b, fused)] = capture(runner.head_forward, slot, b, fused=fused)
                         bar.update()
                 for variant in SAMPLING_VARIANTS:
                     self.sampling[(slot.index, b, variant)] = capture_sampling(slot, b, variant)

@@ -336,14 +336,11 @@ class ModelRunner:
         return self.model(ids, d["positions"][:tokens], attn, self.kv, d["logits_index"][:logit_rows],
                           hidden_out=slot.hidden, lora=self._lora_rows(d, tokens), normed_out=slot.normed)
 
-    def head_forward(self, slot: DecodeSlot, rows: int, fused: bool = False) -> torch.Tensor:
+    def head_forward(self, slot: DecodeSlot, rows: int) -> torch.Tensor:
         """A prefill step's LM head over its first `rows` normed rows (eager, or captured per batch-size
-        bucket: the step's sampled rows, not every row its forward computes), into the slot's logits
-        buffer; `fused`: then greedy sampling, as a fused decode graph."""
-        logits = self.model.logits(slot.normed[:rows], slot.logits_buffer)
-        if fused:
-            self.greedy_tail(slot, rows, logits)
-        return logits
+        bucket, with greedy sampling or without: the step's sampled rows, not every row its forward
+        computes), into the slot's logits buffer."""
+        return self.model.logits(slot.normed[:rows], slot.logits_buffer)
 
     def decode_forward(self, slot: DecodeSlot, rows: int, width: int) -> torch.Tensor:
         """The decode forward over the slot's staged metadata (eager, or inside a graph capture)."""
