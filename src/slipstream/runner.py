@@ -174,7 +174,6 @@ class ModelRunner:
         h = slot.host
         sampled = step.sampled
         n = len(sampled)
-        sampled_rows = np.fromiter((s.row for s in sampled), np.int64, n)
         if step.kind == "prefill":
             tokens = step.num_tokens
             slot.padded = self.graphs.token_bucket(tokens) if self.prefill_captured else tokens
@@ -184,9 +183,9 @@ class ModelRunner:
             h["rows"][n:rows] = self.scratch_row
         else:
             rows = step.num_rows = decode_bucket(n, self.max_rows)
-            slot.width = self._stage_decode(step.seqs, sampled_rows, h)  # (a decode step samples every row)
+            slot.width = self._stage_decode(step.seqs, h)
             self._pad_rows(h, slice(n, rows), slot.width)
-        h["rows"][:n] = sampled_rows
+        h["rows"][:n] = np.fromiter((s.row for s in sampled), np.int64, n)
         h["token_index"][:n] = np.fromiter((s.sampled_launched for s in sampled), np.int64, n)
         held = h["rows"][:rows]  # (padded rows: the scratch row, whose parameters are neutral)
         for name, table in self.row_params.items():
@@ -269,10 +268,10 @@ class ModelRunner:
         for src, dst in step.page_copies:
             self.kv.data[:, :, dst].copy_(self.kv.data[:, :, src])
 
-    def _stage_decode(self, seqs: list, rows: np.ndarray, h: dict[str, np.ndarray]) -> int:
-        """One token per row (`rows`: the sequences' rows), at each sequence's next position; returns
-        the page-table width used."""
+    def _stage_decode(self, seqs: list, h: dict[str, np.ndarray]) -> int:
+        """One token per row, at each sequence's next position; returns the page-table width used."""
         n, ps = len(seqs), self.page_size
+        rows = np.fromiter((s.row for s in seqs), np.int64, n)
         pos = np.fromiter((s.kv_len for s in seqs), np.int64, n)
         h["positions"][:n] = pos
         h["slot_mapping"][:n] = self.row_pages[rows, pos // ps] * ps + pos % ps
