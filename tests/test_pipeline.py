@@ -38,7 +38,6 @@ def test_3_steps_commit_in_launch_order():
         if p.can_launch() and rng.random() < 0.6:
             s = _step(i)
             p.launch(s)
-            p.queue(s)
             p.finalize(s)
             launched.append(i)
         elif p.inflight:
@@ -50,7 +49,6 @@ def test_4_commit_needs_finalize():
     p = Pipeline(2)
     s = _step(0)
     p.launch(s)
-    p.queue(s)
     with pytest.raises(AssertionError):
         p.commit_oldest()
     p.finalize(s)
@@ -63,9 +61,9 @@ def test_5_slot_is_released_only_by_its_commit():
     p = Pipeline(2)
     a, b = _step(0), _step(1)
     p.launch(a), p.launch(b)
-    p.queue(a), p.finalize(a), p.queue(b)
     p.finalize(b)  # b's sampling is queued, but it holds its slot until it commits, after a
     assert p.free_slots == []
+    p.finalize(a)
     p.commit_oldest()
     assert p.free_slots == [a.slot]
     c = _step(2)
@@ -78,24 +76,6 @@ def test_6_depth_one_commits_before_the_next_launch():
     s = _step(0)
     p.launch(s)
     assert not p.can_launch()
-    p.queue(s)
     p.finalize(s)
     p.commit_oldest()
     assert p.can_launch()
-
-
-def test_7_a_step_is_queued_behind_the_sampling_before_it_and_finalized_after_its_queue():
-    p = Pipeline(2)
-    a, b = _step(0), _step(1)
-    p.launch(a), p.launch(b)  # (b planned and staged while a waits for its masks)
-    with pytest.raises(AssertionError):
-        p.finalize(a)  # (its forward is not on the device yet)
-    p.queue(a)
-    with pytest.raises(AssertionError):
-        p.queue(b)  # (its forward would read a's tokens before a's sampling writes them)
-    assert p.unfinalized() == [a]
-    p.finalize(a)
-    p.queue(b)
-    with pytest.raises(AssertionError):
-        p.queue(b)
-    assert p.unfinalized() == [b]

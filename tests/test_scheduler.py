@@ -149,15 +149,15 @@ def test_nothing_to_decode_means_prefill_right_away(tiny_llama):
 
 
 class InvariantChecker:
-    """Checks the planning invariants (slipstream/scheduler.py) at every launch (its staging), with the sequences
+    """Checks the planning invariants (slipstream/scheduler.py) at every launch, with the sequences
     as planned (before their counters advance), and the in-flight references after every tick."""
 
     def __init__(self, core) -> None:
         self.core, self.sched = core, core.scheduler
         self.admitted: list[int] = []
         self.launches = {"prefill": 0, "decode": 0, "mixed": 0, "chunked": 0, "scaled": 0}
-        launch = core.runner.stage
-        core.runner.stage = lambda step: self.check_step(step) or launch(step)
+        launch = core.runner.launch_forward
+        core.runner.launch_forward = lambda step: self.check_step(step) or launch(step)
 
     def check_step(self, step) -> None:
         sched = self.sched
@@ -303,7 +303,7 @@ def slow_fill(constraints: list, words, rows: list[int]) -> None:
     for c, i in zip(constraints, rows):
         words[i] = 0
         Successor.fill_mask(c, words[i])
-    constraints[0].log.append(("fill", start, time.perf_counter(), threading.current_thread().name))
+    constraints[0].log.append(("fill", start, time.perf_counter()))
 
 
 class SlowBatchFill(Successor):
@@ -329,14 +329,12 @@ class SlowRowFill(Successor):
 
 @pytest.mark.parametrize("mode,fill", [("pipelined", SlowBatchFill), ("blocking", SlowBatchFill),
                                        ("pipelined", SlowRowFill)])
-def test_5_a_commits_rest_and_the_next_launch_run_beside_the_next_mask_fill_and_end_with_the_tick(tiny_llama, mode,
-                                                                                                 fill):
-    """Pipelined, the text and callbacks of a commit, and the next step's launch (its plan and
-    staging), run on the commit worker while the next constrained step's masks are filled in a
-    batch (from the tokens that commit advanced: Successor's chain holds), and are done when the
-    tick returns; each request's callbacks come in token order, never two at once. Blocking there
-    is nothing to overlap, and a row-by-row fill holds the interpreter lock: everything runs on
-    the ticking thread."""
+def test_5_a_commits_rest_runs_beside_the_next_mask_fill_and_ends_with_the_tick(tiny_llama, mode, fill):
+    """Pipelined, the text and callbacks of a commit run on the commit worker while the next
+    constrained step's masks are filled in a batch (from the tokens that commit advanced: Successor's chain
+    holds), and are done when the tick returns; each request's callbacks come in token order, never
+    two at once. Blocking there is nothing to overlap, and a row-by-row fill holds the interpreter
+    lock: everything runs on the ticking thread."""
     core = make_core(tiny_llama, mode, [])
     sched, v = core.scheduler, tiny_llama.vocab_size
     log, calls, busy = [], {}, []
@@ -348,9 +346,6 @@ def test_5_a_commits_rest_and_the_next_launch_run_beside_the_next_mask_fill_and_
         log.append(("callback", time.perf_counter(), threading.current_thread().name))
         busy.pop()
 
-    stage = core.runner.stage
-    core.runner.stage = lambda step: log.append(("launch", time.perf_counter(),
-                                                 threading.current_thread().name)) or stage(step)
     seqs = [core.make_sequence([i + 1, i + 2], SamplingParams(max_tokens=12, constraint=lambda: fill(v, log)),
                                None) for i in range(2)]
     seqs.append(core.make_sequence([9], SamplingParams(max_tokens=12), None))
@@ -365,10 +360,10 @@ def test_5_a_commits_rest_and_the_next_launch_run_beside_the_next_mask_fill_and_
     for s in seqs[:2]:
         assert all(b == (a + 1) % v for a, b in zip(s.output_ids, s.output_ids[1:]))
     assert all(calls[s.request_id] == list(range(1, 13)) for s in seqs)
-    fills = [(a, b) for kind, a, b, _ in (e for e in log if e[0] == "fill")]
-    beside = {kind for kind, t, _ in (e for e in log if e[0] != "fill") if any(a < t < b for a, b in fills)}
-    workers = {thread for kind, _, thread in (e for e in log if e[0] != "fill")} - {threading.current_thread().name}
+    fills = [(a, b) for kind, a, b in log if kind == "fill"]
+    beside = [t for kind, t, thread in log if kind == "callback" and any(a < t < b for a, b in fills)]
+    workers = {thread for kind, _, thread in log if kind == "callback"} - {threading.current_thread().name}
     if mode == "pipelined" and fill is SlowBatchFill:
-        assert beside == {"callback", "launch"} and workers and all(w.startswith("slipstream-commit") for w in workers)
+        assert beside and workers and all(w.startswith("slipstream-commit") for w in workers)
     else:
         assert not beside and not workers

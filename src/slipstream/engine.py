@@ -292,7 +292,7 @@ class LLM(MoondreamAPI):
                 on_finish: Callable[[RequestOutput | None, BaseException | None], None] | None = None) -> int:
         """Queue a sequence built by `core.make_sequence` or `skill_sequence` (already validated);
         `on_finish` as in `submit`. Its `on_token` hook, `(sequence, text_delta)`, runs on the loop
-        thread after each committed token and may read the sequence's
+        thread (or the commit worker) after each committed token and may read the sequence's
         `output_ids` and `logprobs` there: the server ships them from it."""
         return self._enqueue([(seq, _Pending(on_finish=on_finish))])[0]
 

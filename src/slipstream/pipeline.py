@@ -1,10 +1,9 @@
-"""The steps in flight: a CUDA-free state machine over launch, queue, finalize and commit.
+"""The steps in flight: a CUDA-free state machine over launch, finalize and commit.
 
-A step is launched (planned, and its metadata staged in the slot it takes), queued (its forward
-on the device, and its sampling too when it has no constrained row), finalized (sampling queued;
-constrained steps only, after the previous commit), and committed (its tokens read on the host).
-`depth` is the number of steps that may be in flight: 2 for the pipelined loop, 1 for the blocking
-loop. Both run the same tick (see `Scheduler.tick`).
+A step is launched (its forward queued, and its sampling too when it has no constrained row),
+finalized (sampling queued; constrained steps only, after the previous commit), and committed
+(its tokens read on the host). `depth` is the number of steps that may be in flight: 2 for the
+pipelined loop, 1 for the blocking loop. Both run the same tick (see `Scheduler.tick`).
 
 Invariants (each has a unit test in tests/test_pipeline.py):
   1. At most `depth` steps are in flight, and `depth` never exceeds the number of slots.
@@ -13,13 +12,9 @@ Invariants (each has a unit test in tests/test_pipeline.py):
   4. A step commits only after it has been finalized (its sampling is queued).
   5. A slot is released by the commit of the step that holds it, and only then.
   6. With depth 1, every step commits before the next one launches.
-  7. A step is queued only once every step launched before it is finalized (its forward reads
-     their sampled tokens on the device, so it must follow their sampling on the stream), and it
-     is finalized only once it is queued.
 """
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +38,6 @@ class Step:
     page_copies: list[tuple[int, int]] = field(default_factory=list)  # (from, to): KV pages it copies before that
     uploads: Any = None  # host tensors its asynchronous copies read, kept until it commits
     slot: int = -1
-    queued: bool = False
     finalized: bool = False
     num_rows: int = 0  # sampling rows, padding included
 
@@ -77,23 +71,13 @@ class Pipeline:
         self.launched += 1
         return step.slot
 
-    def queue(self, step: Step) -> None:
-        """The step's forward goes on the device (after the sampling of every step before it)."""
-        if step not in self.inflight or step.queued:
-            raise AssertionError(f"queue of step {step.index}, which is not in flight or already queued")
-        if not all(s.finalized for s in itertools.takewhile(lambda s: s is not step, self.inflight)):
-            raise AssertionError(f"queue of step {step.index} before the sampling of the steps launched before it")
-        step.queued = True
-
     def finalize(self, step: Step) -> None:
-        if step not in self.inflight or step.finalized or not step.queued:
-            raise AssertionError(f"finalize of step {step.index}, which is not in flight, not queued or already "
-                                 f"finalized")
+        if step not in self.inflight or step.finalized:
+            raise AssertionError(f"finalize of step {step.index}, which is not in flight or already finalized")
         step.finalized = True
 
     def unfinalized(self) -> list[Step]:
-        """Queued steps whose sampling is not queued yet (a launched step's forward may not be)."""
-        return [s for s in self.inflight if s.queued and not s.finalized]
+        return [s for s in self.inflight if not s.finalized]
 
     def oldest(self) -> Step | None:
         return self.inflight[0] if self.inflight else None

@@ -14,10 +14,9 @@ import numpy as np
 import torch
 
 # where a tick's CPU time goes: planning and staging a step and queueing its forward; a commit's
-# tokens in (constraints advanced); the rest of the commit (text, stop checks, callbacks, releases);
-# the constrained rows' bitmask fill, as far as the loop thread waits for it (the rest and the next
-# launch run while the fill worker is inside a batched fill); queueing sampling (the bitmask upload
-# included)
+# tokens in (constraints advanced); the rest of the commit (text, stop checks, callbacks, releases:
+# on the commit worker, beside the mask fill, when a constrained step waits for its masks); the
+# constrained rows' bitmask fill; queueing sampling (the bitmask upload included)
 HOST_PHASES = ("launch", "commit", "text", "mask_fill", "sampling")
 
 

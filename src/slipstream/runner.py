@@ -167,24 +167,24 @@ class ModelRunner:
         most; its head then computes the logits of those it samples)."""
         return min(tokens, self.max_rows)
 
-    def stage(self, step: Step) -> None:
-        """Stage metadata for `step` in its slot's pinned buffer (sequences as planned, before their
-        counters advance): host work only, which may run while the step before it is not sampled yet."""
+    def launch_forward(self, step: Step) -> None:
+        """Stage metadata for `step` (sequences as planned, before their counters advance) and queue
+        its forward on the compute stream."""
         slot = self.slots[step.slot]
         h = slot.host
         sampled = step.sampled
         n = len(sampled)
         if step.kind == "prefill":
             tokens = step.num_tokens
-            slot.padded = self.graphs.token_bucket(tokens) if self.prefill_captured else tokens
+            padded = self.graphs.token_bucket(tokens) if self.prefill_captured else tokens
             # (a captured head runs per batch-size bucket of the sampled rows, as a decode step's forward)
             rows = step.num_rows = decode_bucket(n, self.max_rows) if self.prefill_captured and n else n
-            self._stage_packed(step, slot, slot.padded)
+            self._stage_packed(step, slot, padded)
             h["rows"][n:rows] = self.scratch_row
         else:
             rows = step.num_rows = decode_bucket(n, self.max_rows)
-            slot.width = self._stage_decode(step.seqs, h)
-            self._pad_rows(h, slice(n, rows), slot.width)
+            width = self._stage_decode(step.seqs, h)
+            self._pad_rows(h, slice(n, rows), width)
         h["rows"][:n] = np.fromiter((s.row for s in sampled), np.int64, n)
         h["token_index"][:n] = np.fromiter((s.sampled_launched for s in sampled), np.int64, n)
         held = h["rows"][:rows]  # (padded rows: the scratch row, whose parameters are neutral)
@@ -201,12 +201,6 @@ class ModelRunner:
         captured = self.graphs is not None and (step.kind == "decode" or (self.prefill_captured and rows > 0))
         slot.fused = (captured and not step.constrained and not (flags.any_random or flags.any_penalty or flags.any_skill)
                       and flags.logprobs is None)
-
-    def launch_forward(self, step: Step) -> None:
-        """Queue the forward of a staged step on the compute stream (after the sampling of the step
-        before it, whose tokens its decode rows read on the device)."""
-        slot = self.slots[step.slot]
-        rows = step.num_rows
         if self.profiler is not None:
             self.profiler.mark(step, 0)
         if self.clock is not None:
@@ -218,15 +212,15 @@ class ModelRunner:
             if step.images or step.page_copies:
                 self._prefill_images(step)
             if self.prefill_captured:
-                self.graphs.replay_packed(slot.index, slot.padded)
+                self.graphs.replay_packed(slot.index, padded)
                 slot.logits = self.graphs.replay_head(slot.index, rows, slot.fused) if rows else None
             else:
-                self.packed_forward(slot, slot.padded, max(1, rows))
+                self.packed_forward(slot, padded, max(1, rows))
                 slot.logits = self.head_forward(slot, rows) if rows else None
         elif self.graphs is not None:
             slot.logits = self.graphs.replay_decode(slot.index, rows, slot.fused)
         else:
-            slot.logits = self.decode_forward(slot, rows, slot.width)
+            slot.logits = self.decode_forward(slot, rows, width)
         if self.profiler is not None:
             self.profiler.mark(step, 1)
 

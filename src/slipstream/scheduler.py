@@ -1,4 +1,4 @@
-"""Requests, batching and the tick: queue (t+1), commit (t), finalize (t+1) beside launch (t+2).
+"""Requests, batching and the tick: launch (t+1), commit (t), finalize (t+1).
 
 All state here is mutated by one thread at a time: the loop thread, or the commit worker while the
 loop thread is inside XGrammar's mask fill (invariant 5). A sequence is `finalized` when its result is
@@ -24,10 +24,9 @@ anything decodes: `max_prefill_chunk` scaled by what the rows cost (see there). 
   4. Every sequence of a step holds one in-flight reference from the step's launch to its commit;
      a sequence's row, pages and LoRA slot are released only when it is finalized and holds none.
   5. A step's masks are filled only after the previous step's tokens advanced every constraint
-     (masks from committed state), and no matcher advances while a fill reads it; the rest of
-     that commit (text, stop checks, callbacks, finishing, releases) is done before the next
-     step is planned, so the plan sees it, and a request's callbacks run in token order, one at
-     a time.
+     (masks from committed state); the rest of that commit (text, stop checks, callbacks,
+     finishing, releases), on the worker or not, is done before the tick ends, so the next plan
+     sees it, and a request's callbacks run in token order, one at a time.
   6. Prefix caching: a page is registered under its key only once the KV of the tokens the key
      names is written or queued (a prompt's full pages once the step that fills them is launched,
      and before the next plan or that step's commit: the tick registers them after its commit, so
@@ -143,9 +142,8 @@ class Scheduler:
         self.cached_tokens = 0  # prefix already encoded), for the hit rate
         self.commit_log: deque[tuple[str, float]] = deque(maxlen=100_000)  # (kind, commit time), for benchmarks
         self.waited = 0.0  # seconds this tick spent blocked on a copy event
-        self._unregistered: Step | None = None  # queued, its prompt pages not yet registered (invariant 6)
-        self._launched: Step | None = None  # launched at the end of the last tick, to be queued at the next
-        self._commit_worker: ThreadPoolExecutor | None = None  # runs a commit's rest and the next launch beside a mask fill
+        self._unregistered: Step | None = None  # launched, its prompt pages not yet registered (invariant 6)
+        self._commit_worker: ThreadPoolExecutor | None = None  # runs a commit's rest beside a mask fill
 
     # ---- requests -------------------------------------------------------------------------
     def reserve_tokens(self, seq: Sequence) -> int:
@@ -172,54 +170,36 @@ class Scheduler:
 
     # ---- the tick -------------------------------------------------------------------------
     def tick(self) -> None:
-        """One scheduler tick. Pipelined (depth 2): queue(t+1), commit(t), finalize(t+1) beside
-        launch(t+2). Blocking (depth 1): queue(t+1), finalize(t+1), commit(t+1), launch(t+2). Same
-        code, the depth decides.
+        """One scheduler tick. Pipelined (depth 2): launch(t+1), commit(t), finalize(t+1).
+        Blocking (depth 1): launch(t+1), finalize(t+1), commit(t+1). Same code, the depth decides.
 
-        A step is launched (planned and staged on the host) at the end of the tick before the one
-        that queues it, right after a commit: its plan sees that commit, as it would at the start of
-        the next tick, but the work is done while XGrammar fills the masks of the step in flight.
         A commit is two parts: its tokens in (each constrained row's matcher advanced: what the next
         step's masks are built from), then the rest (text, stop checks, callbacks, finishing,
-        releases), the registration of the queued step's prompt pages, and the next launch. When a
-        constrained step waits for masks from a batched fill, these run while the commit worker is
-        inside the fill (XGrammar's, which releases the interpreter lock), and are done before the
-        tick ends (invariant 5)."""
+        releases). When a constrained step waits for masks from a batched fill, the rest runs on the
+        commit worker while this thread is inside the fill (XGrammar's, which releases the
+        interpreter lock), and is done before the tick ends (invariant 5)."""
         start = time.perf_counter()
         self.waited = 0.0
         pipe = self.pipeline
-        step, self._launched = self._launched, None
-        if step is None and pipe.can_launch():
-            step = self._launch()
-        if step is not None:
-            self._queue(step)
-        if pipe.inflight and (len(pipe.inflight) >= pipe.depth or step is None):
+        launched = pipe.can_launch() and self._launch_next()
+        if pipe.inflight and (len(pipe.inflight) >= pipe.depth or not launched):
             oldest = pipe.oldest()
             if not oldest.finalized:
                 self._finalize(oldest)
             if oldest is self._unregistered:  # (blocking: before its commit releases any of its sequences)
                 self._register_launched()
-            after = functools.partial(self._after_commit, oldest, self._commit_tokens(oldest))
+            rest = functools.partial(self._commit_rest, oldest, self._commit_tokens(oldest))
             following = pipe.unfinalized()
             if following:
-                self._finalize(following[0], beside=after)
+                self._finalize(following[0], beside=rest)
             else:
-                after()
+                rest()
         for step in pipe.unfinalized():
             self._finalize(step)
         if self._unregistered is not None:
             self._register_launched()
         if self.runner.profiler is not None:
             self.runner.profiler.tick(start, time.perf_counter(), self.waited)
-
-    def _after_commit(self, step: Step, tokens: list[int]) -> None:
-        """What follows a commit's tokens: its rest, the queued step's prompt pages registered, and
-        the next step launched (planned and staged) when a slot is free, to be queued next tick."""
-        self._commit_rest(step, tokens)
-        if self._unregistered is not None:
-            self._register_launched()
-        if self.pipeline.can_launch():
-            self._launched = self._launch()
 
     def _worker(self) -> ThreadPoolExecutor:
         if self._commit_worker is None:
@@ -232,15 +212,13 @@ class Scheduler:
             self._commit_worker.shutdown()
             self._commit_worker = None
 
-    def _launch(self) -> Step | None:
-        """Plan the next step, give it a slot and stage its metadata (host work only); the
-        sequences' counters advance as if it ran."""
+    def _launch_next(self) -> bool:
         start = time.perf_counter()
         step = self._plan()
         if step is None:
-            return None
+            return False
         self.pipeline.launch(step)
-        self.runner.stage(step)
+        self.runner.launch_forward(step)
         for s in step.seqs:
             s.inflight_refs += 1
         for s in step.seqs[:step.num_decode]:
@@ -249,20 +227,13 @@ class Scheduler:
             s.kv_len = first + n
         for s in step.sampled:
             s.sampled_launched += 1
-        self._timed("launch", start)
-        return step
-
-    def _queue(self, step: Step) -> None:
-        """Queue a launched step's forward, and its sampling too when no row is constrained."""
-        start = time.perf_counter()
-        self.pipeline.queue(step)
-        self.runner.launch_forward(step)
         if self.pool.caching:
             self._unregistered = step
         self.steps[step.kind] += 1
         self._timed("launch", start)
         if not step.constrained:
             self._finalize(step)
+        return True
 
     def prefill_chunk(self, decode: list[Sequence]) -> int:
         """The prompt tokens a step may carry beside these decode rows: `max_prefill_chunk`, times
@@ -354,11 +325,11 @@ class Scheduler:
 
     def _finalize(self, step: Step, beside: Callable[[], None] | None = None) -> None:
         """Queue the step's sampling. Masks come from committed state: the previous step has
-        committed by now whenever this step has a constrained row. `beside` (what follows that
-        commit: its rest, the next launch) runs on the commit worker while this thread is inside a
-        batched fill, which holds no interpreter lock; without one, it runs here first. Started any
-        earlier, the worker would take the lock at its first release, numpy's included, and the
-        fill would wait for it."""
+        committed by now whenever this step has a constrained row. `beside` (the rest of that
+        commit) runs on the commit worker while this thread is inside a batched fill, which holds
+        no interpreter lock; without one, it runs here first (only a constrained step, which is
+        masked, is finalized after its launch). Started any earlier, the worker would take the lock
+        at its first release, numpy's included, and the fill would wait for it."""
         masked = step.constrained
         start = time.perf_counter()
         if masked:
@@ -375,13 +346,14 @@ class Scheduler:
             if beside is not None and not batched:
                 beside()
                 beside = None
-            running = self._worker().submit(beside) if beside is not None else None
-            for kind in batched:
-                kind.fill_masks([c for _, c in rows[kind]], words, [i for i, _ in rows[kind]])
-            if running is not None:
-                running.result()
             for kind, group in rows.items():
-                if kind not in batched:
+                if kind in batched:
+                    running = self._worker().submit(beside) if beside is not None else None
+                    beside = None
+                    kind.fill_masks([c for _, c in group], words, [i for i, _ in group])
+                    if running is not None:
+                        running.result()
+                else:
                     for i, c in group:
                         words[i] = 0
                         c.fill_mask(words[i])

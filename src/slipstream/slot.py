@@ -83,8 +83,6 @@ class DecodeSlot:
         self.fused = False  # this step's graph (decode forward, or a prefill step's head) sampled greedily
         self.logits: torch.Tensor | None = None  # this step's rows of logits_buffer
         self.host_lens: list[tuple[int, int]] = []  # a prefill step's (tokens, context) per sequence (torch path)
-        self.padded = 0  # a prefill step's tokens, padding included (its graph's bucket)
-        self.width = 0  # a decode step's page-table width
 
     def release(self) -> None:
         """Called after the commit that read this slot: its landing buffer may be reused now."""
