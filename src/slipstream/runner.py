@@ -337,9 +337,9 @@ class ModelRunner:
                           hidden_out=slot.hidden, lora=self._lora_rows(d, tokens), normed_out=slot.normed)
 
     def head_forward(self, slot: DecodeSlot, rows: int) -> torch.Tensor:
-        """A prefill step's LM head over its first `rows` normed rows (eager, or captured per batch-size
-        bucket, with greedy sampling or without: the step's sampled rows, not every row its forward
-        computes), into the slot's logits buffer."""
+        """A prefill step's LM head over its first `rows` normed rows (the step's sampled rows, not every
+        row its forward computes), into the slot's logits buffer: eager, or captured per batch-size
+        bucket, where the fused capture adds greedy sampling after it as for a decode forward."""
         return self.model.logits(slot.normed[:rows], slot.logits_buffer)
 
     def decode_forward(self, slot: DecodeSlot, rows: int, width: int) -> torch.Tensor:
