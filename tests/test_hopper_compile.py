@@ -63,7 +63,7 @@ def main() -> None:
     import slipstream.kernels as kernels
     from slipstream.kernels import paged_decode
     from slipstream.kernels.linear import PendingSum
-    from slipstream.kernels.lora import lora_add_triton
+    from slipstream.kernels.lora import LoraDelta, lora_add_triton, shrink
     from slipstream.kernels.activation import gelu_columns, swiglu
     from slipstream.kernels.norm import add_rms_norm, layer_norm, rms_norm
     from slipstream.kernels.packed_attention import packed_attention, store_kv
@@ -103,6 +103,11 @@ def main() -> None:
                                         torch.full((64,), 128), 0.125)  # MHA, enough rows for 2 pages, 2 warps
     swiglu(mk(512, 9728))
     lora_add_triton(mk(32, 1152), x, mk(9, 48, 896), mk(9, 1152, 48), mk(9, dtype=torch.int32), torch.arange(32))
+    down = LoraDelta(mk(32, 16), mk(9, 896, 16), mk(9, dtype=torch.int32), torch.arange(32))
+    gate_up = LoraDelta(mk(32, 32), mk(9, 9728, 32), mk(9, dtype=torch.int32), torch.arange(32))
+    skinny_linear(x, mk(9728, 896), act="swiglu", lora=gate_up, config=Config(32, 128, 4, 4, 1))
+    skinny_linear(mk(32, 4864), mk(896, 4864), defer=True, lora=down, config=Config(16, 128, 4, 4, 4))
+    shrink(mk(32, 4864), mk(9, 16, 4864), mk(9, dtype=torch.int32), torch.arange(32))
     gelu_columns(mk(512, 14336), "gelu_tanh", 6144, out=mk(512, 16384)[:, :14336])
     tokens, programs = torch.arange(512), torch.zeros(7, 600, dtype=torch.int64)
     qkv = mk(512, 18, 64)  # a Qwen prefill step's projected q/k/v: strided views

@@ -81,6 +81,30 @@ def test_one_step_serves_rows_of_several_adapters_and_none_as_peft_does(family):
     assert outs[0].token_ids != outs[2].token_ids
 
 
+def test_a_step_without_adapter_rows_runs_as_an_engine_without_lora(family, monkeypatch):
+    """The LoRA kernels run in the decode steps that hold a row under an adapter and in no other; a
+    base-model row's tokens are the same, bit for bit, whether its steps ran them or not (their
+    delta for it is an exact zero), so they do not depend on its batch."""
+    from slipstream.runner import ModelRunner
+
+    tm, root, _ = family
+    adapted = []
+    forward = ModelRunner.decode_forward
+    monkeypatch.setattr(ModelRunner, "decode_forward",
+                        lambda self, slot, rows, width, on: adapted.append(on) or forward(self, slot, rows, width, on))
+    rng = random.Random(1)
+    prompts = [[rng.randrange(tm.vocab_size) for _ in range(9)] for _ in range(3)]
+    base = SamplingParams(max_tokens=12, ignore_eos=True)
+    with make_llm(tm, root) as llm:
+        alone = llm.generate(prompts, base)
+        assert adapted and not any(adapted)
+        adapted.clear()
+        beside = llm.generate(prompts + prompts, [base] * 3 + [dataclasses.replace(base, lora="b")] * 3)
+        assert any(adapted)
+    assert [o.token_ids for o in alone] == [o.token_ids for o in beside[:3]]
+    assert [o.token_ids for o in alone] != [o.token_ids for o in beside[3:]]
+
+
 def test_pipelined_equals_blocking_with_adapters(family):
     tm, root, refs = family
     reqs = random_workload(7, tm.vocab_size, tm.eos_id, n=12)

@@ -1,8 +1,9 @@
 """CUDA graphs of the step's forward: decode steps per (slot, batch-size bucket, sampling fused or
-not); prefill steps per (slot, token bucket) up to the final norm of their sampled rows, then their
-LM head per (slot, batch-size bucket of those rows, sampling fused or not); and of a step's
-sampling where it is not fused (a constrained or tempered step's) per (slot, batch-size bucket,
-runner.SAMPLING_VARIANTS).
+not, and in an engine with LoRA slots, LoRA kernels or not: a step in which no row holds an adapter
+runs as an engine without LoRA runs it); prefill steps per (slot, token bucket) up to the final
+norm of their sampled rows, then their LM head per (slot, batch-size bucket of those rows, sampling
+fused or not); and of a step's sampling where it is not fused (a constrained or tempered step's)
+per (slot, batch-size bucket, runner.SAMPLING_VARIANTS).
 
 Every input of a forward lives at a fixed address (the slot's packed metadata on the device, the
 last-token table, the KV pages), and so does its output (the slot's logits buffer), so each slot's
@@ -40,7 +41,8 @@ def sampling_flags(variant: tuple[bool, bool, bool]) -> SamplingFlags:
 class StepGraphs:
     def __init__(self, runner: ModelRunner, decode_buckets: list[int], token_buckets: list[int]) -> None:
         """`token_buckets` may be empty: prefill steps then run eagerly."""
-        self.decode: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.decode: dict[tuple[int, int, bool, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.adapted = (False, True) if runner.lora is not None else (False,)  # (LoRA kernels in the forward)
         self.packed: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.head: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.sampling: dict[tuple[int, int, tuple[bool, bool, bool]], torch.cuda.CUDAGraph] = {}
@@ -59,7 +61,8 @@ class StepGraphs:
                 runner.packed_forward(slot, n, runner.logit_rows(n))
             runner.stage_padding(slot, max(decode_buckets))
             for b in decode_buckets:
-                runner.greedy_tail(slot, b, runner.decode_forward(slot, b, width))
+                for adapted in self.adapted:
+                    runner.greedy_tail(slot, b, runner.decode_forward(slot, b, width, adapted))
                 if token_buckets:
                     runner.greedy_tail(slot, b, runner.head_forward(slot, b))
                 for variant in SAMPLING_VARIANTS:
@@ -83,7 +86,7 @@ class StepGraphs:
                 runner.sample_rows(slot, rows, variant[0], sampling_flags(variant), slot.logits_buffer[:rows])
             return graph
 
-        per_bucket = 2 * (1 + bool(token_buckets)) + len(SAMPLING_VARIANTS)
+        per_bucket = 2 * (len(self.adapted) + bool(token_buckets)) + len(SAMPLING_VARIANTS)
         bar = tqdm(total=len(runner.slots) * (len(token_buckets) + per_bucket * len(decode_buckets)),
                    desc="capturing CUDA graphs", unit="graph", leave=False)
         for slot in runner.slots:
@@ -92,8 +95,10 @@ class StepGraphs:
                 bar.update()
             for b in decode_buckets:
                 for fused in (False, True):
-                    self.decode[(slot.index, b, fused)] = capture(runner.decode_forward, slot, b, width, fused=fused)
-                    bar.update()
+                    for adapted in self.adapted:
+                        self.decode[(slot.index, b, fused, adapted)] = capture(runner.decode_forward, slot, b, width,
+                                                                               adapted, fused=fused)
+                        bar.update()
                     if token_buckets:
                         self.head[(slot.index, b, fused)] = capture(runner.head_forward, slot, b, fused=fused)
                         bar.update()
@@ -109,7 +114,8 @@ class StepGraphs:
                 runner.stage_padding(slot, max(decode_buckets))
                 for b in decode_buckets:
                     for fused in (False, True):
-                        self.decode[(slot.index, b, fused)][0].replay()
+                        for adapted in self.adapted:
+                            self.decode[(slot.index, b, fused, adapted)][0].replay()
                         if token_buckets:
                             self.head[(slot.index, b, fused)][0].replay()
                     for variant in SAMPLING_VARIANTS:
@@ -127,8 +133,8 @@ class StepGraphs:
         """The smallest captured prefill size that holds `tokens` tokens."""
         return self.token_buckets[bisect.bisect_left(self.token_buckets, tokens)]
 
-    def replay_decode(self, slot_index: int, rows: int, fused: bool) -> torch.Tensor:
-        graph, logits = self.decode[(slot_index, rows, fused)]
+    def replay_decode(self, slot_index: int, rows: int, fused: bool, adapted: bool) -> torch.Tensor:
+        graph, logits = self.decode[(slot_index, rows, fused, adapted)]
         graph.replay()
         return logits
 

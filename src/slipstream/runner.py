@@ -191,8 +191,10 @@ class ModelRunner:
         for name, table in self.row_params.items():
             h[name][:rows] = table[held]
         skills = self.row_skill[held]
+        slot.adapted = False
         if self.lora is not None and step.kind == "decode":
             h["lora"][:rows] = self.row_lora[held]
+            slot.adapted = bool(h["lora"][:rows].any())
         h["skill"][:rows] = skills
         slot.flags = SamplingFlags(bool((h["temperature"][:rows] > 0).any()), bool(self.row_filtered[held].any()),
                                    bool(self.row_penalized[held].any()), _largest_logprobs(self.row_logprobs[held]),
@@ -218,9 +220,9 @@ class ModelRunner:
                 self.packed_forward(slot, padded, max(1, rows))
                 slot.logits = self.head_forward(slot, rows) if rows else None
         elif self.graphs is not None:
-            slot.logits = self.graphs.replay_decode(slot.index, rows, slot.fused)
+            slot.logits = self.graphs.replay_decode(slot.index, rows, slot.fused, slot.adapted)
         else:
-            slot.logits = self.decode_forward(slot, rows, width)
+            slot.logits = self.decode_forward(slot, rows, width, slot.adapted)
         if self.profiler is not None:
             self.profiler.mark(step, 1)
 
@@ -342,12 +344,15 @@ class ModelRunner:
         bucket, where the fused capture adds greedy sampling after it as for a decode forward."""
         return self.model.logits(slot.normed[:rows], slot.logits_buffer)
 
-    def decode_forward(self, slot: DecodeSlot, rows: int, width: int) -> torch.Tensor:
-        """The decode forward over the slot's staged metadata (eager, or inside a graph capture)."""
+    def decode_forward(self, slot: DecodeSlot, rows: int, width: int, adapted: bool) -> torch.Tensor:
+        """The decode forward over the slot's staged metadata (eager, or inside a graph capture); with
+        the LoRA kernels where `adapted` (a row under an adapter), else as an engine without LoRA runs
+        it. A row without an adapter gets the same bits either way (the kernels add an exact zero to
+        its GEMM accumulators), so a base-model row's tokens do not depend on its batch."""
         d = slot.dev
         attn = AttentionInputs(d["slot_mapping"][:rows], d["page_table"][:rows, :width], d["context_lens"][:rows])
         return self.model(self.last_tokens[d["rows"][:rows]], d["positions"][:rows], attn, self.kv, None,
-                          slot.logits_buffer, slot.hidden, self._lora_rows(d, rows))
+                          slot.logits_buffer, slot.hidden, self._lora_rows(d, rows) if adapted else None)
 
     def _lora_rows(self, d: dict[str, torch.Tensor], tokens: int):
         """Each token's adapter slot, on the device (a step input of the captured graphs too)."""

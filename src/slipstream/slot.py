@@ -81,6 +81,7 @@ class DecodeSlot:
         self.values_landing = layer.landing((max_rows, 3), torch.int64)
         self.flags = None  # the runner's per-step sampling flags, set at launch
         self.fused = False  # this step's graph (decode forward, or a prefill step's head) sampled greedily
+        self.adapted = False  # a decode step with a row under a LoRA adapter: its forward runs the LoRA kernels
         self.logits: torch.Tensor | None = None  # this step's rows of logits_buffer
         self.host_lens: list[tuple[int, int]] = []  # a prefill step's (tokens, context) per sequence (torch path)
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from . import triton_rows
+from .lora import LoraWeights
 
 MAX_ROWS = 64  # decode batches up to this size run the skinny GEMM
 
@@ -47,21 +48,31 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
            residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
-           out: torch.Tensor | None = None, defer: bool = False) -> torch.Tensor | PendingSum:
+           out: torch.Tensor | None = None, defer: bool = False,
+           lora: LoraWeights | None = None) -> torch.Tensor | PendingSum:
     """x [rows, K] -> [rows, N]. `act`: None; "gelu_tanh" or "gelu", applied to the output columns
     from `act_from` on; or "swiglu", for weight rows interleaving gate and up (see
     `interleave_gate_up`), giving [rows, N / 2]. `residual` is added last; `out` (a view, e.g.
     columns of a wider buffer) receives the result. `defer` (with a residual, which the caller
     then gives up): where the skinny GEMM runs, a PendingSum for the next RMSNorm to finish; on a
     wider CUDA step without a bias, cuBLAS accumulates onto the residual in place (beta = 1), which
-    saves an add's pass over the output (two a layer: 0.08 ms of a 544-token Qwen2.5-0.5B step)."""
+    saves an add's pass over the output (two a layer: 0.08 ms of a 544-token Qwen2.5-0.5B step).
+    `lora`: each row's adapter delta goes in before the activation (and the residual)."""
     if triton_rows(x) and x.shape[0] <= MAX_ROWS:
         from .skinny_gemm import skinny_linear
 
+        delta = None
+        if lora is not None:  # (the shrink's own launch; the expand inside the GEMM's epilogue)
+            from .lora import LoraDelta, shrink
+
+            slots = lora.slots[: x.shape[0]]
+            delta = LoraDelta(shrink(x, lora.a, lora.ranks, slots), lora.b, lora.ranks, slots)
         if defer:
             assert residual is not None and act is None and out is None and out_dtype is None
-            return PendingSum(skinny_linear(x, weight, defer=True), bias, residual)
-        return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out)
+            return PendingSum(skinny_linear(x, weight, defer=True, lora=delta), bias, residual)
+        return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out, lora=delta)
+    if lora is not None:
+        return _linear_with_lora(x, weight, bias, act, residual, out_dtype, act_from, out, defer, lora)
     if defer and triton_rows(x) and bias is None and residual.is_contiguous():
         return residual.addmm_(x, weight.t())
     if act == "swiglu" and triton_rows(x):  # a prefill step on CUDA: cuBLAS, then SwiGLU in one pass
@@ -74,6 +85,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
         return gelu_columns(F.linear(x, weight, bias), act, act_from, out)
     return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out)
+
+
+def _linear_with_lora(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None,
+                      residual: torch.Tensor | None, out_dtype: torch.dtype | None, act_from: int,
+                      out: torch.Tensor | None, defer: bool, lora: LoraWeights) -> torch.Tensor | PendingSum:
+    """`linear` with adapters where the skinny GEMM does not run (prefill steps, the CPU): the
+    GEMM, then the LoRA kernels (or their reference), then the activation apart; with a residual,
+    the delta goes onto the residual first."""
+    from .lora import lora_add
+
+    slots = lora.slots[: x.shape[0]]
+    if residual is not None:
+        assert act is None, "an adapted projection with a residual has no activation"
+        residual = lora_add(torch.empty_like(residual), x, lora.a, lora.b, lora.ranks, slots, base=residual)
+        return linear(x, weight, bias, None, residual, out_dtype, act_from, out, defer)
+    y = linear(x, weight, bias, out_dtype=out_dtype, out=out)
+    lora_add(y, x, lora.a, lora.b, lora.ranks, slots)
+    return activate(y, act, act_from) if act is not None else y
 
 
 def activate(y: torch.Tensor, act: str, act_from: int = 0) -> torch.Tensor:

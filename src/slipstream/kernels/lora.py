@@ -1,33 +1,59 @@
 """Triton: batched LoRA over the rows of a step, each row under its own adapter slot (or none):
-`out[t] = base[t] + (x[t] @ A[s_t].T) @ B[s_t].T`, as a shrink (x -> v, the rank's few columns) and
-an expand (v -> out), the slots read from device memory so a CUDA graph serves any mix.
+`delta[t] = (x[t] @ A[s_t].T) @ B[s_t].T`, as a shrink (x -> v, the rank's few columns) and an
+expand (v -> the output's columns), the slots read from device memory so a CUDA graph serves any mix.
 
-A shrink program covers a tile of rows (decode rows in any order, or a prompt chunk's tokens), one
-adapter slot and a share of the input's features: it multiplies the tile's rows of that slot by the
-slot's A on the tensor cores and writes fp32 partials (a program whose tile lacks its slot exits).
-An expand program covers a tile of rows and of output columns: it sums the partials as it reads v,
-then loops over the slots, each B tile read once per row tile with the other slots' rows masked out
-of v. Slot 0 is no adapter: its rows get base unchanged. Each slot's packed rank (`ranks`) bounds the
-loops: adapters of low rank read only their own columns of the stacks sized for the largest.
+The shrink: a program covers a tile of rows, one adapter slot and a share of the input's features;
+it multiplies the tile's rows of that slot by the slot's A on the tensor cores (a program whose tile
+lacks its slot exits). Where the features are split, each program leaves an fp32 partial and the
+last to arrive at its (tile, slot) counter sums them in split order; v is rounded to the activation
+dtype, as the reference rounds it. It joins the step's chain of PDL launches (see skinny_gemm).
 
-Why the split: a decode step has one or two row tiles. Looping over the slots and all the features
-inside each row tile's program, the H200 measured a Qwen2.5-0.5B decode step with 8 adapters over 32
-rows at 11x the step without LoRA; splitting the features alone (up to 76 partials for the expand to
-sum) at 3.8x; slots in the grid and at most MAX_SPLITS partials at 3.1x (docs/benchmarks.md, runs p
-and q). The expand writes into a separate output where asked, so
-adding a delta to the residual stream needs no copy first.
+The expand (`lora_delta`) is a tile of rows and output columns: for each slot present in the tile,
+its rows of v times its B tile, read once. It runs inside the skinny GEMM's epilogue, adding the
+delta to the accumulator before the bias, the activation and the residual (kernels.linear), so a
+decode step pays one launch per adapted projection, not three, and keeps SwiGLU and the deferred
+residual sum fused; elsewhere (prefill steps) in an expand kernel of its own after cuBLAS.
 
-The torch reference rounds as the kernels do: v is rounded to the activation dtype, the product
-accumulated in fp32 onto base read in fp32, rounded once."""
+Why: a decode step has one or two row tiles. Looping over the slots and all the features inside
+each row tile's program, the H200 measured a Qwen2.5-0.5B decode step with 8 adapters over 32 rows
+at 11x the step without LoRA; splitting the features alone at 3.8x; slots in the grid and at most
+MAX_SPLITS partials, which the expand summed chunk by chunk of the rank, at 3.1x, with the expand
+at 6-15 µs a projection, a chain of dependent loads (docs/benchmarks.md, runs p, q and a). Slot 0
+is no adapter: its rows get nothing added. Each slot's packed rank (`ranks`) bounds the reads:
+adapters of low rank read only their own columns of the stacks sized for the largest.
+
+The torch reference rounds as the expand kernel does: v is rounded to the activation dtype, the
+product accumulated in fp32 onto base read in fp32, rounded once."""
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
-from . import HAS_TRITON, INTERPRET, sm_count, triton_rows
+from . import HAS_TRITON, INTERPRET, arrival_counters, pdl_args, sm_count, triton_rows
 
-BLOCK_M, BLOCK_N, BLOCK_R, BLOCK_K = 16, 64, 16, 64  # rows, output columns, rank columns, features a tile
+BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64  # rows, output columns, features a tile
 PROGRAMS_PER_SM = 2  # the shrink's feature split aims at this many programs per SM
 MAX_SPLITS = 8
+
+
+class LoraWeights(NamedTuple):
+    """One projection's adapter stacks and each row's slot: what `kernels.linear` adds to its GEMM."""
+
+    a: torch.Tensor  # [slots + 1, width, K]
+    b: torch.Tensor  # [slots + 1, N, width]
+    ranks: torch.Tensor  # [slots + 1] int32, each slot's packed rank (slot 0: 0)
+    slots: torch.Tensor  # [rows] int64, 0 for a row without an adapter
+
+
+class LoraDelta(NamedTuple):
+    """The expand's operands: the shrink's v [rows, width] and the B stacks, ranks and slots."""
+
+    v: torch.Tensor
+    b: torch.Tensor
+    ranks: torch.Tensor
+    slots: torch.Tensor
+
 
 if HAS_TRITON:
     import triton
@@ -40,15 +66,45 @@ if HAS_TRITON:
         return tl.dot(a, tl.trans(b))
 
     @triton.jit
-    def _shrink_kernel(x_ptr, a_ptr, rank_ptr, slot_ptr, vp_ptr, T, K, R, K_SPLIT, stride_x, stride_as, stride_ar,
-                       stride_vs, stride_v, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                       UPCAST: tl.constexpr):
-        """Program (row tile, feature split, slot): the split's partial x @ A[s].T, in fp32, for the
-        tile's rows of slot s (a program whose tile holds none writes nothing)."""
+    def lora_rows(v_ptr, slot_ptr, rm, M, R, stride_v, BLOCK_R: tl.constexpr):
+        """The rows rm's slots (0 past M) and v (width R; a row without an adapter holds whatever is
+        there, which `lora_delta` never multiplies). Neither load waits on the other, so a GEMM
+        issues them before its main loop and their latency hides under it."""
+        rr = tl.arange(0, BLOCK_R)
+        slots = tl.load(slot_ptr + rm, mask=rm < M, other=0)
+        v = tl.load(v_ptr + rm[:, None] * stride_v + rr[None, :], mask=(rm[:, None] < M) & (rr[None, :] < R), other=0.0)
+        return slots, v
+
+    @triton.jit
+    def lora_delta(slots, v, b_ptr, rank_ptr, rn, N, stride_bs, stride_bn, NUM_SLOTS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST: tl.constexpr):
+        """fp32 [rows, columns rn]: each row's v times its slot's B rows rn (v past a slot's rank is 0:
+        the shrink's A is masked there). The slots are unrolled, so every B tile's load is issued at
+        once; a slot the tile lacks loads nothing."""
+        rr = tl.arange(0, BLOCK_R)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for s in tl.static_range(1, NUM_SLOTS + 1):
+            mine = slots == s
+            present = tl.max(mine.to(tl.int32), axis=0) > 0
+            b = tl.load(b_ptr + s * stride_bs + rn[:, None] * stride_bn + rr[None, :],
+                        mask=present & (rn[:, None] < N) & (rr[None, :] < tl.load(rank_ptr + s)), other=0.0)
+            acc += _dot(tl.where(mine[:, None], v, 0.0).to(v.dtype), b, UPCAST)
+        return acc
+
+    @triton.jit
+    def _shrink_kernel(x_ptr, a_ptr, rank_ptr, slot_ptr, vp_ptr, v_ptr, arrivals_ptr, T, K, R, K_SPLIT, stride_x,
+                       stride_as, stride_ar, stride_vs, stride_vp, stride_v, NUM_SLOTS: tl.constexpr,
+                       SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+                       UPCAST: tl.constexpr, PDL: tl.constexpr):
+        """Program (row tile, feature split, slot): x @ A[s].T over the split's features for the
+        tile's rows of slot s; v (rounded) once every split of the (tile, slot) is in."""
         s = tl.program_id(2) + 1
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        tile = tl.program_id(0)
+        rm = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         rr = tl.arange(0, BLOCK_R)
         rk = tl.arange(0, BLOCK_K)
+        if PDL:  # x comes from the kernel before
+            tl.extra.cuda.gdc_wait()
         mine = tl.load(slot_ptr + rm, mask=rm < T, other=0) == s
         if tl.sum(mine.to(tl.int32)) > 0:
             rank = tl.load(rank_ptr + s)
@@ -62,34 +118,34 @@ if HAS_TRITON:
                 a = tl.load(a_ptr + s * stride_as + rr[:, None] * stride_ar + kk[None, :],
                             mask=(rr[:, None] < rank) & (kk[None, :] < k_to), other=0.0)
                 acc += _dot(x, a, UPCAST)
-            tl.store(vp_ptr + tl.program_id(1) * stride_vs + rm[:, None] * stride_v + rr[None, :], acc,
-                     mask=mine[:, None] & (rr[None, :] < R))
+            out = mine[:, None] & (rr[None, :] < R)
+            v_ptrs = v_ptr + rm[:, None] * stride_v + rr[None, :]
+            if SPLITS == 1:
+                tl.store(v_ptrs, acc.to(v_ptr.dtype.element_ty), mask=out)
+            else:
+                part = rm[:, None] * stride_vp + rr[None, :]
+                tl.store(vp_ptr + tl.program_id(1) * stride_vs + part, acc, mask=out)
+                tl.debug_barrier()  # every thread's partial is written before the arrival is counted
+                counter = arrivals_ptr + tile * NUM_SLOTS + s - 1
+                if tl.atomic_add(counter, 1, sem="acq_rel") == SPLITS - 1:
+                    acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+                    for split in tl.static_range(SPLITS):
+                        acc += tl.load(vp_ptr + split * stride_vs + part, mask=out, other=0.0, cache_modifier=".cg")
+                    tl.store(v_ptrs, acc.to(v_ptr.dtype.element_ty), mask=out)
+                    tl.atomic_xchg(counter, 0)  # ready for the next launch (and graph replay)
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
-    def _expand_kernel(vp_ptr, b_ptr, rank_ptr, slot_ptr, base_ptr, out_ptr, T, N, SPLITS, stride_vs, stride_v,
-                       stride_bs, stride_bn, stride_base, stride_o, NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST: tl.constexpr):
-        """Program (row tile, output columns): v summed over the splits and rounded, times B[s].T for
-        each slot, its rows alone (no branch in the slot loop: a slot the tile lacks loads nothing)."""
+    def _expand_kernel(v_ptr, b_ptr, rank_ptr, slot_ptr, base_ptr, out_ptr, T, N, R, stride_v, stride_bs, stride_bn,
+                       stride_base, stride_o, NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_R: tl.constexpr, UPCAST: tl.constexpr):
+        """Program (row tile, output columns): base + each row's delta, rounded once."""
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rr = tl.arange(0, BLOCK_R)
-        slots = tl.load(slot_ptr + rm, mask=rm < T, other=0)
-        widest = tl.max(tl.load(rank_ptr + slots), axis=0)  # (slot 0's rank: 0)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for r0 in range(0, widest, BLOCK_R):
-            r = r0 + rr
-            v = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-            for split in range(SPLITS):
-                v += tl.load(vp_ptr + split * stride_vs + rm[:, None] * stride_v + r[None, :],
-                             mask=(slots[:, None] > 0) & (r[None, :] < widest), other=0.0)
-            v = v.to(out_ptr.dtype.element_ty)
-            for s in range(1, NUM_SLOTS + 1):
-                mine = slots == s
-                present = tl.sum(mine.to(tl.int32)) > 0
-                b = tl.load(b_ptr + s * stride_bs + rn[:, None] * stride_bn + r[None, :],
-                            mask=present & (rn[:, None] < N) & (r[None, :] < tl.load(rank_ptr + s)), other=0.0)
-                acc += _dot(tl.where(mine[:, None], v, 0.0).to(v.dtype), b, UPCAST)
+        slots, v = lora_rows(v_ptr, slot_ptr, rm, T, R, stride_v, BLOCK_R)
+        acc = lora_delta(slots, v, b_ptr, rank_ptr, rn, N, stride_bs, stride_bn, NUM_SLOTS, BLOCK_M, BLOCK_N, BLOCK_R,
+                         UPCAST)
         ok = (rm[:, None] < T) & (rn[None, :] < N)
         base = tl.load(base_ptr + rm[:, None] * stride_base + rn[None, :], mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + rm[:, None] * stride_o + rn[None, :], (base + acc).to(out_ptr.dtype.element_ty), mask=ok)
@@ -124,28 +180,43 @@ def lora_add(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tenso
 def feature_split(rows: int, k: int, slots: int) -> int:
     """Features per shrink program (a multiple of BLOCK_K): all of them where the row tiles fill the
     GPU (a prompt chunk), else split so that row tiles x slots x splits reach PROGRAMS_PER_SM per SM,
-    in at most MAX_SPLITS parts (the expand reads each part)."""
+    in at most MAX_SPLITS parts."""
     programs = PROGRAMS_PER_SM * (sm_count() if torch.cuda.is_available() else 132)
     splits = max(1, min(programs // (triton.cdiv(rows, BLOCK_M) * slots), MAX_SPLITS, triton.cdiv(k, BLOCK_K)))
     return triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
 
 
-def lora_add_triton(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ranks: torch.Tensor,
-                    slots: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+def rank_block(width: int) -> int:
+    """The rank columns a program holds: the stacks' width, rounded up to a power of two (>= 16)."""
+    return max(16, triton.next_power_of_2(width))
+
+
+def shrink(x: torch.Tensor, a: torch.Tensor, ranks: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """v [T, width] = x @ a[s].T per row's slot s, rounded to x's dtype (rows of slot 0: unwritten)."""
     t, k = x.shape
-    n, width = out.shape[1], a.shape[1]
-    base = out if base is None else base
-    num_slots = a.shape[0] - 1
+    width, num_slots = a.shape[1], a.shape[0] - 1
     k_split = feature_split(t, k, num_slots)
     splits = triton.cdiv(k, k_split)
-    partials = torch.empty((splits, t, width), dtype=torch.float32, device=x.device)
-    upcast = x.dtype == torch.float32 or INTERPRET
-    common = dict(BLOCK_M=BLOCK_M, UPCAST=upcast, num_warps=4)
-    _shrink_kernel[(triton.cdiv(t, BLOCK_M), splits, num_slots)](
-        x, a, ranks, slots, partials, t, k, width, k_split, x.stride(0), a.stride(0), a.stride(1),
-        partials.stride(0), partials.stride(1), BLOCK_R=max(16, triton.next_power_of_2(width)), BLOCK_K=BLOCK_K,
-        **common)
+    tiles = triton.cdiv(t, BLOCK_M)
+    v = torch.empty((t, width), dtype=x.dtype, device=x.device)
+    partials = torch.empty((splits, t, width), dtype=torch.float32, device=x.device) if splits > 1 else v
+    arrivals = arrival_counters(x.device, tiles * num_slots) if splits > 1 else v
+    _shrink_kernel[(tiles, splits, num_slots)](
+        x, a, ranks, slots, partials, v, arrivals, t, k, width, k_split, x.stride(0), a.stride(0), a.stride(1),
+        partials.stride(0), partials.stride(1), v.stride(0), NUM_SLOTS=num_slots, SPLITS=splits, BLOCK_M=BLOCK_M,
+        BLOCK_R=rank_block(width), BLOCK_K=BLOCK_K, UPCAST=x.dtype == torch.float32 or INTERPRET, num_warps=4,
+        **pdl_args())
+    return v
+
+
+def lora_add_triton(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ranks: torch.Tensor,
+                    slots: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+    t, n = out.shape
+    base = out if base is None else base
+    v = shrink(x, a, ranks, slots)
     _expand_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(n, BLOCK_N))](
-        partials, b, ranks, slots, base, out, t, n, splits, partials.stride(0), partials.stride(1), b.stride(0),
-        b.stride(1), base.stride(0), out.stride(0), NUM_SLOTS=num_slots, BLOCK_N=BLOCK_N, BLOCK_R=BLOCK_R, **common)
+        v, b, ranks, slots, base, out, t, n, v.shape[1], v.stride(0), b.stride(0), b.stride(1), base.stride(0),
+        out.stride(0),
+        NUM_SLOTS=a.shape[0] - 1, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=rank_block(a.shape[1]),
+        UPCAST=x.dtype == torch.float32 or INTERPRET, num_warps=4)
     return out

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from . import INTERPRET, arrival_counters, pdl_args, sm_count
+from .lora import LoraDelta, lora_delta, lora_rows, rank_block
 
 ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2, "swiglu": 3}
 
@@ -71,16 +72,18 @@ def _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm
 
 
 @triton.jit
-def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, M, N, K, K_SPLIT,
-                          ACT_FROM, stride_xm, stride_wn, stride_rm, stride_om,
+def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, arrivals_ptr, v_ptr, lb_ptr,
+                          rank_ptr, slot_ptr, M, N, K, K_SPLIT, ACT_FROM, V_WIDTH, stride_xm, stride_wn, stride_rm,
+                          stride_om, stride_v, stride_lbs, stride_lbn,
                           HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, UPCAST: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, DEFER: tl.constexpr,
-                          PDL: tl.constexpr):
+                          LORA_SLOTS: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
     sums the partials in split order (deterministic), runs the epilogue and resets the counter.
-    DEFER: every program only leaves its partial; the next kernel sums them (linear.PendingSum)."""
+    DEFER: every program only leaves its partial; the next kernel sums them (linear.PendingSum).
+    LORA_SLOTS > 0: the programs of the first K range add each row's adapter delta (kernels.lora)."""
     act_dtype = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -93,6 +96,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     k_start = pid_k * K_SPLIT
     if PDL:  # x (and the arrival counters) come from earlier kernels
         tl.extra.cuda.gdc_wait()
+    if LORA_SLOTS > 0:
+        slots, v = lora_rows(v_ptr, slot_ptr, rm, M, V_WIDTH, stride_v, BLOCK_R)
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
         kk = k0 + rk
         w_ptrs = w_ptr + rn[:, None] * stride_wn + kk[None, :]
@@ -109,6 +114,10 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             acc += tl.dot(x, tl.trans(w))
     if PDL:  # the next kernel may start its launch now; it waits for this grid to finish before it reads
         tl.extra.cuda.gdc_launch_dependents()
+    if LORA_SLOTS > 0:
+        if pid_k == 0:
+            acc += lora_delta(slots, v, lb_ptr, rank_ptr, rn, N, stride_lbs, stride_lbn, LORA_SLOTS, BLOCK_M, BLOCK_N,
+                              BLOCK_R, UPCAST)
     tile = rm[:, None] * N + rn[None, :]
     tile_ok = row_ok[:, None] & col_ok[None, :]
     if DEFER:
@@ -150,11 +159,13 @@ def default_config(m: int, n: int, k: int, defer: bool = False) -> Config:
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
                   residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
-                  out: torch.Tensor | None = None, config: Config | None = None, defer: bool = False) -> torch.Tensor:
+                  out: torch.Tensor | None = None, config: Config | None = None, defer: bool = False,
+                  lora: LoraDelta | None = None) -> torch.Tensor:
     """x [M, K], weight [N, K] -> [M, N] with M <= 64 ([M, N / 2] for "swiglu", whose weight rows
     interleave gate and up); GELU applies to output columns from `act_from` on. Rows of x,
     residual and out may be strided; features must be contiguous. `defer`: x @ W.T only, returned as
-    its split-K partials [splits, M, N] (fp32) for the next kernel to sum (see linear.PendingSum)."""
+    its split-K partials [splits, M, N] (fp32) for the next kernel to sum (see linear.PendingSum).
+    `lora`: each row's adapter delta, added to x @ W.T (before the bias and the activation)."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= 64 and weight.shape[1] == k, (x.shape, weight.shape)
@@ -171,10 +182,13 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if cfg.split_k > 1 and not defer:
         partial = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
         arrivals = arrival_counters(x.device, tiles)
+    v, lb, ranks, slots = lora if lora is not None else (x, weight[None], x, x)
+    block_r = rank_block(v.shape[1]) if lora is not None else 16
     _skinny_linear_kernel[(tiles, cfg.split_k)](
         x, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
-        partial, arrivals, m, n, k, k_split, act_from,
+        partial, arrivals, v, lb, ranks, slots, m, n, k, k_split, act_from, v.shape[1],
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+        v.stride(0), lb.stride(0), lb.stride(1), LORA_SLOTS=lb.shape[0] - 1, BLOCK_R=block_r,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,

@@ -23,24 +23,19 @@ from typing import Callable
 
 import torch
 
-from ..kernels.lora import lora_add
+from ..kernels.lora import LoraWeights
 from .adapter import PackedAdapter, read_adapter
 
 
 class LayerLora:
-    """One layer's stacks and the step's slot per token: what the layer's forward adds."""
+    """One layer's stacks and the step's slot per token: what the layer's projections add."""
 
     def __init__(self, stacks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], slots: torch.Tensor) -> None:
         self.stacks, self.slots = stacks, slots
 
-    def add(self, target: str, out: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
-        """out = base + each row's adapter delta of `target` over x (base: out itself, in place); returns out."""
-        a, b, ranks = self.stacks[target]
-        return lora_add(out, x, a, b, ranks, self.slots[: x.shape[0]], base)
-
-    def plus(self, target: str, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """residual + each row's delta (a new tensor: the residual stream stays as it was)."""
-        return self.add(target, torch.empty_like(residual), x, base=residual)
+    def __getitem__(self, target: str) -> LoraWeights:
+        """The `lora` argument of `kernels.linear` for one of the layer's projections."""
+        return LoraWeights(*self.stacks[target], self.slots)
 
 
 class LoraRows:

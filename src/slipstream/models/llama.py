@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..kernels.attention import AttentionInputs, Rope, rotary_paged_attention
-from ..kernels.linear import PendingSum, activate, interleave_gate_up, linear
+from ..kernels.linear import PendingSum, interleave_gate_up, linear
 from ..kv_cache import KVCache
 from ..lora.targets import ALL, LoraTarget, Part
 from .config import ModelConfig
@@ -41,14 +41,10 @@ class Attention(nn.Module):
                 residual: torch.Tensor, lora=None) -> torch.Tensor | PendingSum:
         """`residual` + attention of `x` (the sum left to the next norm where the skinny GEMM runs);
         `lora` (a layer's LayerLora): each row's adapter added to both projections."""
-        qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
-        if lora is not None:
-            lora.add("qkv", qkv, x)
+        qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias, lora=lora and lora["qkv"])
         o = self.attend(qkv, rope, attn, pages).flatten(1)
         out = getattr(self, self.out_name)
-        if lora is not None:
-            residual = lora.plus("o", residual, o)
-        return linear(o, out.weight, out.bias, residual=residual, defer=True)
+        return linear(o, out.weight, out.bias, residual=residual, defer=True, lora=lora and lora["o"])
 
     def attend(self, qkv: torch.Tensor, rope: Rope, attn: AttentionInputs,
                pages: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
@@ -75,14 +71,11 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor, lora=None) -> torch.Tensor | PendingSum:
         """`residual` + down(silu(gate) * up) (the sum left to the next norm where the skinny GEMM
-        runs); with `lora`, the adapters' deltas go in before the SwiGLU, which then runs apart."""
-        if lora is None:
-            hidden = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, act="swiglu")
-        else:
-            gate_up = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
-            hidden = activate(lora.add("gate_up", gate_up, x), "swiglu")
-            residual = lora.plus("down", residual, hidden)
-        return linear(hidden, self.down_proj.weight, self.down_proj.bias, residual=residual, defer=True)
+        runs); with `lora`, the adapters' deltas go in before the SwiGLU."""
+        hidden = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, act="swiglu",
+                        lora=lora and lora["gate_up"])
+        return linear(hidden, self.down_proj.weight, self.down_proj.bias, residual=residual, defer=True,
+                      lora=lora and lora["down"])
 
 
 class LlamaDecoderLayer(nn.Module):

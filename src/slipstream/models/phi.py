@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attention import AttentionInputs, Rope
-from ..kernels.linear import MAX_ROWS, PendingSum, activate, linear
+from ..kernels.linear import MAX_ROWS, PendingSum, linear
 from ..lora.targets import ALL, LoraTarget, Part
 from .config import ModelConfig
 from .layers import LayerNorm, frozen_linear, fuse_linears
@@ -64,17 +64,12 @@ class PhiDecoderLayer(nn.Module):
         split = self.qkv_width + self.mlp_width
         buf = torch.empty(t, split + x.shape[1], dtype=x.dtype, device=x.device)
         h = self.input_layernorm(x)
-        if lora is None:
-            linear(h, self.in_proj.weight, self.in_proj.bias, act=self.act, act_from=self.qkv_width,
-                   out=buf[:, :split])
-        else:  # (the adapters' deltas go in before the GELU, which then runs apart)
-            linear(h, self.in_proj.weight, self.in_proj.bias, out=buf[:, :split])
-            activate(lora.add("in", buf[:, :split], h), self.act, self.qkv_width)
+        linear(h, self.in_proj.weight, self.in_proj.bias, act=self.act, act_from=self.qkv_width, out=buf[:, :split],
+               lora=lora and lora["in"])  # (the adapters' deltas go in before the GELU)
         a = self.self_attn
         a.attend(buf[:, : self.qkv_width], rope, attn, pages, out=buf[:, split:].view(t, a.h, a.d))
-        if lora is not None:
-            x = lora.plus("out", x, buf[:, self.qkv_width:])
-        return linear(buf[:, self.qkv_width:], self.out_proj.weight, self.out_proj.bias, residual=x)
+        return linear(buf[:, self.qkv_width:], self.out_proj.weight, self.out_proj.bias, residual=x,
+                      lora=lora and lora["out"])
 
     def _forward_wide(self, x: torch.Tensor | PendingSum, rope: Rope, attn: AttentionInputs,
                       pages: tuple[torch.Tensor, torch.Tensor]) -> PendingSum:
