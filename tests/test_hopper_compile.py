@@ -22,7 +22,7 @@ def test_every_kernel_compiles_for_sm90():
     compiled = run.stdout.split()
     for kernel in ("_skinny_linear_kernel", "_paged_decode_kernel", "_norm_kernel", "_sample_kernel",
                    "_store_kv_kernel", "_packed_attention_kernel", "_swiglu_kernel", "_gelu_columns_kernel",
-                   "_shrink_kernel", "_expand_kernel"):
+                   "_shrink_kernel", "_expand_kernel", "_rotary_kernel"):
         assert kernel in compiled, compiled
 
 
@@ -66,7 +66,7 @@ def main() -> None:
     from slipstream.kernels.lora import LoraDelta, lora_add_triton, shrink
     from slipstream.kernels.activation import gelu_columns, swiglu
     from slipstream.kernels.norm import add_rms_norm, layer_norm, rms_norm
-    from slipstream.kernels.packed_attention import packed_attention, store_kv
+    from slipstream.kernels.packed_attention import packed_attention, rotary_, store_kv
     from slipstream.kernels.sample import fused_sample
     from slipstream.kernels.skinny_gemm import Config, skinny_linear
 
@@ -113,6 +113,8 @@ def main() -> None:
     qkv = mk(512, 18, 64)  # a Qwen prefill step's projected q/k/v: strided views
     store_kv(qkv[:, 14:16], qkv[:, 16:], cos, sin, tokens, tokens, *pages)
     packed_attention(qkv[:, :14], *pages, table, lens, torch.arange(33), programs, 0.125, cos, sin)  # GQA
+    rotary_(mk(730, 96, 64)[:, :64], cos[:, :32], sin[:, :32], torch.arange(730))  # (Moondream's image prefix:
+    store_kv(qkv[:, 14:16], qkv[:, 16:], cos[:, :0], sin[:, :0], tokens, tokens, *pages)  # k rotated before)
     mha = mk(512, 96, 64)
     store_kv(mha[:, 32:64], mha[:, 64:], cos[..., :32], sin[..., :32], tokens, tokens, *mha_pages)
     packed_attention(mha[:, :32], *mha_pages, table, lens, torch.arange(33), programs, 0.125, cos[..., :32],

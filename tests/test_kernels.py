@@ -189,6 +189,29 @@ def test_linear_dispatch_agrees_with_reference_in_bf16():
     assert (got.float() - want.float()).abs().max() <= 2 * want.float().abs().max() * 2 ** -8
 
 
+@pytest.mark.parametrize("rot", [64, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_in_place_matches_the_torch_rotary(rot, dtype):
+    """The image prefix's rotary (all features, or Phi's first half): each token's heads of a strided
+    view rotated in place at its position as apply_rotary rotates them; the buffer's other heads
+    are left as they were."""
+    from slipstream.kernels.attention import Rope, apply_rotary
+    from slipstream.kernels.packed_attention import rotary_
+
+    g = torch.Generator().manual_seed(rot)
+    buf = torch.randn(37, 7, 64, generator=g).to(dtype)
+    positions = torch.randint(0, 100, (37,), generator=g)
+    angles = torch.arange(100)[:, None] * torch.rand(rot // 2, generator=g)[None, :]
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    want = apply_rotary(buf[:, :5], *Rope(cos, sin, positions, dtype).rows)
+    dev = buf.to(DEVICE)
+    got = rotary_(dev[:, :5], cos.to(DEVICE), sin.to(DEVICE), positions.to(DEVICE))
+    assert got.data_ptr() == dev.data_ptr()
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(dev[:, :5].cpu(), want, **tol)
+    assert torch.equal(dev[:, 5:].cpu(), buf[:, 5:])
+
+
 def lora_case(t: int, k: int, n: int, dtype: torch.dtype, seed: int):
     """Stacks of three adapters (ranks 16, 5 and 33 of width 48; past a rank, NaN that nothing may
     read) and rows of each and of none, in random order."""

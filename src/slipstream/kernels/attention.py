@@ -152,11 +152,19 @@ def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ro
                            pages: tuple[torch.Tensor, torch.Tensor], scale: float,
                            out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary on q and k, the KV write into the pages, then attention: [tokens, heads, head_dim] in
-    and out (into `out` when given). On CUDA a decode step runs all of it in one Triton kernel and
-    a packed step in three (packed_attention.packed_step); everything else runs the torch path."""
+    and out (into `out` when given). On CUDA a decode step runs all of it in one Triton kernel, a
+    packed step in three (packed_attention.packed_step), and an image prefix's blocks rotate q and k
+    in place and store K/V in three before SDPA (twelve torch launches a layer took 1.4 of the
+    prefix's 4.8 ms on the H200, docs/benchmarks.md run a); everything else runs the torch path."""
     if attn.block_len:
-        q, k = apply_rotary(q, *rope.rows), apply_rotary(k, *rope.rows)
-        write_kv(*pages, k, v, attn.slot_mapping)
+        if q.is_cuda and triton_serves(True, q.shape[-1], pages[0].shape[1]):
+            from .packed_attention import rotary_, store_kv
+
+            q, k = (rotary_(x, rope.cos, rope.sin, rope.positions) for x in (q, k))
+            store_kv(k, v, rope.cos[:, :0], rope.sin[:, :0], rope.positions, attn.slot_mapping, *pages)
+        else:
+            q, k = apply_rotary(q, *rope.rows), apply_rotary(k, *rope.rows)
+            write_kv(*pages, k, v, attn.slot_mapping)
         o = block_attention(q, k, v, attn.block_len, scale)
         return o if out is None else out.copy_(o)
     if q.is_cuda and triton_serves(attn.packed, q.shape[-1], pages[0].shape[1]):

@@ -59,6 +59,19 @@ def _store_kv_kernel(k_new_ptr, v_new_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, posit
 
 
 @triton.jit
+def _rotary_kernel(x_ptr, cos_ptr, sin_ptr, positions_ptr, H, stride_t, stride_h, stride_ct, H_PAD: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, ROT: tl.constexpr):
+    """One token's heads rotated over their first ROT features at its position, in place."""
+    t = tl.program_id(0)
+    h = tl.arange(0, H_PAD)[:, None]
+    d = tl.arange(0, HEAD_DIM)[None, :]
+    live = h < H
+    heads = x_ptr + t * stride_t + h * stride_h
+    x = _rope(heads, d, live, cos_ptr, sin_ptr, tl.load(positions_ptr + t), stride_ct, ROT)
+    tl.store(heads + d, x.to(x_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
 def _packed_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, context_lens_ptr, query_start_ptr,
                              programs_ptr, cos_ptr, sin_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr, scale, num_tokens,
                              capacity, stride_prog, stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_ot,
@@ -156,6 +169,16 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
         v.stride(1), cos.stride(0), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         KVH_PAD=triton.next_power_of_2(kvh), HEAD_DIM=d, PAGE=page, ROT=cos.shape[-1],
         num_warps=min(4, max(1, kvh * d // 512)), **pdl_args())
+
+
+def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] (any strides, features contiguous) rotated in place over the tables' ROT features
+    (cos/sin [positions, ROT], fp32) at `positions`, in fp32, rounded once; returns x."""
+    t, h, d = x.shape
+    _rotary_kernel[(t,)](x, cos, sin, positions, h, x.stride(0), x.stride(1), cos.stride(0),
+                         H_PAD=triton.next_power_of_2(h), HEAD_DIM=d, ROT=cos.shape[-1],
+                         num_warps=min(4, max(1, h * d // 512)))
+    return x
 
 
 def packed_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
