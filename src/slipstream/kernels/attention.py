@@ -154,7 +154,7 @@ def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ro
     """Rotary on q and k, the KV write into the pages, then attention: [tokens, heads, head_dim] in
     and out (into `out` when given). On CUDA a decode step runs all of it in one Triton kernel, a
     packed step in three (packed_attention.packed_step), and an image prefix's blocks rotate q and k
-    in place and store K/V in three before SDPA (twelve torch launches a layer took 1.4 of the
+    in place and store K/V in three before SDPA (twelve torch launches a layer took 1.5 of the
     prefix's 4.8 ms on the H200, docs/benchmarks.md run a); everything else runs the torch path."""
     if attn.block_len:
         if q.is_cuda and triton_serves(True, q.shape[-1], pages[0].shape[1]):
