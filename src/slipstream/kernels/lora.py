@@ -18,7 +18,8 @@ Why: a decode step has one or two row tiles. Looping over the slots and all the 
 each row tile's program, the H200 measured a Qwen2.5-0.5B decode step with 8 adapters over 32 rows
 at 11x the step without LoRA; splitting the features alone at 3.8x; slots in the grid and at most
 MAX_SPLITS partials, which the expand summed chunk by chunk of the rank, at 3.1x, with the expand
-at 6-15 µs a projection, a chain of dependent loads (docs/benchmarks.md, runs p, q and a). Slot 0
+at 6-15 µs a projection, a chain of dependent loads; in the GEMM's epilogue, at 2.3x (docs/
+benchmarks.md, runs p, q and a; a step with no adapter row runs without these kernels). Slot 0
 is no adapter: its rows get nothing added. Each slot's packed rank (`ranks`) bounds the reads:
 adapters of low rank read only their own columns of the stacks sized for the largest.
 
