@@ -674,12 +674,8 @@ def test_lora_kernels_add_each_rows_adapter_and_leave_rows_without_one(t, k, n, 
 
     monkeypatch.setattr(lora.torch, "empty", lambda *shape, **kw: torch.full(*shape, float("nan"), **kw))
 
-    g = torch.Generator().manual_seed(t)
-    a = (torch.randn(4, 48, k, generator=g) * 0.1).to(dtype)
-    b = (torch.randn(4, n, 48, generator=g) * 0.1).to(dtype)
-    ranks = torch.tensor([0, 16, 5, 33], dtype=torch.int32)
-    a[2, 5:] = float("nan")  # (past a slot's rank nothing is read)
-    slots = torch.randint(0, 4, (t,), generator=g)
+    a, b, ranks, slots = lora_case(t, k, n, dtype, t)
+    g = torch.Generator().manual_seed(t + 1)
     wide = torch.randn(t, k + 9, generator=g).to(dtype)
     base = torch.randn(t, n, generator=g).to(dtype)
     want = lora_add_reference(base.clone(), wide[:, :k], a, b, ranks, slots)
