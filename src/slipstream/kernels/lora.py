@@ -217,7 +217,6 @@ def lora_add_triton(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
     v = shrink(x, a, ranks, slots)
     _expand_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(n, BLOCK_N))](
         v, b, ranks, slots, base, out, t, n, v.shape[1], v.stride(0), b.stride(0), b.stride(1), base.stride(0),
-        out.stride(0),
-        NUM_SLOTS=a.shape[0] - 1, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=rank_block(a.shape[1]),
+        out.stride(0), NUM_SLOTS=a.shape[0] - 1, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=rank_block(a.shape[1]),
         UPCAST=x.dtype == torch.float32 or INTERPRET, num_warps=4)
     return out
