@@ -8,8 +8,9 @@ lacks its slot exits). Where the features are split, each program leaves an fp32
 last to arrive at its (tile, slot) counter sums them in split order; v is rounded to the activation
 dtype, as the reference rounds it. It joins the step's chain of PDL launches (see skinny_gemm).
 
-The expand (`lora_delta`) is a tile of rows and output columns: for each slot present in the tile,
-its rows of v times its B tile, read once. It runs inside the skinny GEMM's epilogue, adding the
+The expand (`lora_delta`) is a tile of rows and output columns: one product of the rows' v, each
+placed in its slot's rank columns, by every present slot's B tile side by side, all of whose loads
+are issued before the GEMM's main loop (`lora_operands`). It runs inside the skinny GEMM's epilogue, adding the
 delta to the accumulator before the bias, the activation and the residual (kernels.linear), so a
 decode step pays one launch per adapted projection, not three, and keeps SwiGLU and the deferred
 residual sum fused; elsewhere (prefill steps) in an expand kernel of its own after cuBLAS.
@@ -18,8 +19,9 @@ Why: a decode step has one or two row tiles. Looping over the slots and all the 
 each row tile's program, the H200 measured a Qwen2.5-0.5B decode step with 8 adapters over 32 rows
 at 11x the step without LoRA; splitting the features alone at 3.8x; slots in the grid and at most
 MAX_SPLITS partials, which the expand summed chunk by chunk of the rank, at 3.1x, with the expand
-at 6-15 µs a projection, a chain of dependent loads; in the GEMM's epilogue, at 2.3x (docs/
-benchmarks.md, runs p, q and a; a step with no adapter row runs without these kernels). Slot 0
+at 6-15 µs a projection, a chain of dependent loads; in the GEMM's epilogue, a product per slot,
+at 2.3x; one product over all slots, B loaded before the main loop, at 2.0x (docs/benchmarks.md,
+runs p, q, a and b; a step with no adapter row runs without these kernels). Slot 0
 is no adapter: its rows get nothing added. Each slot's packed rank (`ranks`) bounds the reads:
 adapters of low rank read only their own columns of the stacks sized for the largest.
 
@@ -67,30 +69,34 @@ if HAS_TRITON:
         return tl.dot(a, tl.trans(b))
 
     @triton.jit
-    def lora_rows(v_ptr, slot_ptr, rm, M, R, stride_v, BLOCK_R: tl.constexpr):
-        """The rows rm's slots (0 past M) and v (width R; a row without an adapter holds whatever is
-        there, which `lora_delta` never multiplies). Neither load waits on the other, so a GEMM
-        issues them before its main loop and their latency hides under it."""
+    def lora_operands(v_ptr, slot_ptr, b_ptr, rank_ptr, rm, rn, M, N, R, stride_v, stride_bs, stride_bn,
+                      NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, BLOCK_R: tl.constexpr):
+        """The rows rm's slots (0 past M), their v (width R) and, for the columns rn, every slot's B
+        side by side ([columns, SLOTS_P2 * BLOCK_R], column s * BLOCK_R + j = slot s + 1's rank column
+        j; zero past a slot's rank and for slots no row of the tile holds). None of the loads waits on
+        another, so a GEMM issues them before its main loop and their latency hides under it."""
         rr = tl.arange(0, BLOCK_R)
         slots = tl.load(slot_ptr + rm, mask=rm < M, other=0)
         v = tl.load(v_ptr + rm[:, None] * stride_v + rr[None, :], mask=(rm[:, None] < M) & (rr[None, :] < R), other=0.0)
-        return slots, v
+        cols = tl.arange(0, SLOTS_P2 * BLOCK_R)
+        col_slot = cols // BLOCK_R + 1
+        present = tl.max((slots[:, None] == col_slot[None, :]).to(tl.int32), axis=0) > 0
+        rank = tl.load(rank_ptr + col_slot, mask=col_slot <= NUM_SLOTS, other=0)
+        ok = present & (cols % BLOCK_R < rank)
+        b = tl.load(b_ptr + col_slot[None, :] * stride_bs + rn[:, None] * stride_bn + (cols % BLOCK_R)[None, :],
+                    mask=ok[None, :] & (rn[:, None] < N), other=0.0)
+        return slots, v, b
 
     @triton.jit
-    def lora_delta(slots, v, b_ptr, rank_ptr, rn, N, stride_bs, stride_bn, NUM_SLOTS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST: tl.constexpr):
-        """fp32 [rows, columns rn]: each row's v times its slot's B rows rn (v past a slot's rank is 0:
-        the shrink's A is masked there). The slots are unrolled, so every B tile's load is issued at
-        once; a slot the tile lacks loads nothing."""
-        rr = tl.arange(0, BLOCK_R)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for s in tl.static_range(1, NUM_SLOTS + 1):
-            mine = slots == s
-            present = tl.max(mine.to(tl.int32), axis=0) > 0
-            b = tl.load(b_ptr + s * stride_bs + rn[:, None] * stride_bn + rr[None, :],
-                        mask=present & (rn[:, None] < N) & (rr[None, :] < tl.load(rank_ptr + s)), other=0.0)
-            acc += _dot(tl.where(mine[:, None], v, 0.0).to(v.dtype), b, UPCAST)
-        return acc
+    def lora_delta(slots, v, b, SLOTS_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+                   UPCAST: tl.constexpr):
+        """fp32 [rows, columns]: each row's v times its slot's B (`lora_operands`), as one product
+        over every slot's rank columns, a row's v placed in its own slot's and zero in the others (a
+        row without an adapter: all zero, so it gets an exact zero)."""
+        spread = tl.broadcast_to(v[:, None, :], [BLOCK_M, SLOTS_P2, BLOCK_R])
+        mine = slots[:, None, None] == tl.arange(1, SLOTS_P2 + 1)[None, :, None]
+        spread = tl.reshape(tl.where(mine, spread, 0.0).to(v.dtype), [BLOCK_M, SLOTS_P2 * BLOCK_R])
+        return _dot(spread, b, UPCAST)
 
     @triton.jit
     def _shrink_kernel(x_ptr, a_ptr, rank_ptr, slot_ptr, vp_ptr, v_ptr, arrivals_ptr, T, K, R, K_SPLIT, stride_x,
@@ -141,12 +147,22 @@ if HAS_TRITON:
     def _expand_kernel(v_ptr, b_ptr, rank_ptr, slot_ptr, base_ptr, out_ptr, T, N, R, stride_v, stride_bs, stride_bn,
                        stride_base, stride_o, NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_R: tl.constexpr, UPCAST: tl.constexpr):
-        """Program (row tile, output columns): base + each row's delta, rounded once."""
+        """Program (row tile, output columns): base + each row's delta, rounded once. A prompt's rows
+        are consecutive, so a row tile holds one or two slots: a product per slot of its own rank's
+        width, B read for the slots present (`lora_delta`'s one product over every slot's columns,
+        tried here too, made a prefill step of 32 adapted prompts 1.2-1.7x slower, run b)."""
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        slots, v = lora_rows(v_ptr, slot_ptr, rm, T, R, stride_v, BLOCK_R)
-        acc = lora_delta(slots, v, b_ptr, rank_ptr, rn, N, stride_bs, stride_bn, NUM_SLOTS, BLOCK_M, BLOCK_N, BLOCK_R,
-                         UPCAST)
+        rr = tl.arange(0, BLOCK_R)
+        slots = tl.load(slot_ptr + rm, mask=rm < T, other=0)
+        v = tl.load(v_ptr + rm[:, None] * stride_v + rr[None, :], mask=(rm[:, None] < T) & (rr[None, :] < R), other=0.0)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for s in tl.static_range(1, NUM_SLOTS + 1):
+            mine = slots == s
+            present = tl.max(mine.to(tl.int32), axis=0) > 0
+            b = tl.load(b_ptr + s * stride_bs + rn[:, None] * stride_bn + rr[None, :],
+                        mask=present & (rn[:, None] < N) & (rr[None, :] < tl.load(rank_ptr + s)), other=0.0)
+            acc += _dot(tl.where(mine[:, None], v, 0.0).to(v.dtype), b, UPCAST)
         ok = (rm[:, None] < T) & (rn[None, :] < N)
         base = tl.load(base_ptr + rm[:, None] * stride_base + rn[None, :], mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + rm[:, None] * stride_o + rn[None, :], (base + acc).to(out_ptr.dtype.element_ty), mask=ok)
