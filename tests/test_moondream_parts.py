@@ -16,7 +16,7 @@ from moondream_reference import pil_crops
 from slipstream.kernels.attention import block_attention
 from slipstream.models.loader import load_checkpoint
 from slipstream.models.moondream.config import MoondreamConfig, VisionConfig
-from slipstream.models.moondream.image import make_crops, prepare_image, select_tiling
+from slipstream.models.moondream.image import load_image, make_crops, prepare_image, select_tiling
 from slipstream.models.moondream.region import coord_value, size_value
 from slipstream.models.moondream.skills import SpatialSkill, query_prompt, settings_dict
 from slipstream.models.random_checkpoint import write_checkpoint
@@ -38,6 +38,23 @@ def test_crops_are_the_global_crop_then_local_tiles_row_major():
     assert prepared.tiling == (2, 4) and crops.shape == (9, 3, 378, 378) and crops.dtype == torch.uint8
     assert crops[1, 0, 10, 10] == 255 and crops[1, 1, 10, 10] == 0  # tile (0, 0): red
     assert crops[8, 0, -10, -10] == 0  # tile (1, 3): black
+
+
+def test_prepared_pixels_are_the_images_and_its_digest_tells_images_apart():
+    """The prefix cache's key: equal for equal pixels, different for one pixel changed or for the same
+    bytes in another shape. An RGB image is read where it is (the caller's, never written), others
+    converted."""
+    pixels = np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8)
+    img = Image.fromarray(pixels)
+    assert load_image(img) is img and load_image(img.convert("L")).mode == "RGB"
+    prepared = prepare_image(img, VisionConfig())
+    assert prepared.pixels.dtype == torch.uint8 and np.array_equal(prepared.pixels.numpy(), pixels)
+    assert prepare_image(Image.fromarray(pixels.copy()), VisionConfig()).digest == prepared.digest
+    changed = pixels.copy()
+    changed[59, 79, 2] ^= 1
+    reshaped = np.ascontiguousarray(pixels).reshape(80, 60, 3)
+    digests = {prepare_image(Image.fromarray(p), VisionConfig()).digest for p in (pixels, changed, reshaped)}
+    assert len(digests) == 3 and np.array_equal(np.asarray(img), pixels)
 
 
 @pytest.mark.parametrize("size", [(378, 378), (500, 375), (50, 40), (640, 480), (800, 600), (1280, 720),

@@ -62,10 +62,7 @@ class MoondreamAPI:
             if image._finalizer is None or not image._finalizer.alive:
                 raise ValueError("this encoded image was closed; encode the image again")
             return image.prefix
-        prepared = prepare_image(load_image(image), cfg.vision)
-        if self.core.layer.is_cuda:  # (so the uploads to the device are asynchronous)
-            prepared.pixels = prepared.pixels.pin_memory()
-            prepared.plans = tuple(plan.pin_memory() for plan in prepared.plans)
+        prepared = prepare_image(load_image(image), cfg.vision, pin=self.core.layer.is_cuda)
         return ImagePrefix(prepared, PREFIX_LEN, holders)
 
     def _release_prefix(self, prefix: ImagePrefix) -> None:
