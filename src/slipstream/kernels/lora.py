@@ -10,10 +10,11 @@ dtype, as the reference rounds it. It joins the step's chain of PDL launches (se
 
 The expand (`lora_delta`) is a tile of rows and output columns: one product of the rows' v, each
 placed in its slot's rank columns, by every present slot's B tile side by side, all of whose loads
-are issued before the GEMM's main loop (`lora_operands`). It runs inside the skinny GEMM's epilogue, adding the
-delta to the accumulator before the bias, the activation and the residual (kernels.linear), so a
-decode step pays one launch per adapted projection, not three, and keeps SwiGLU and the deferred
-residual sum fused; elsewhere (prefill steps) in an expand kernel of its own after cuBLAS.
+are issued before the GEMM's main loop (`lora_operands`). It runs inside the skinny GEMM's
+epilogue, adding the delta to the accumulator before the bias, the activation and the residual
+(kernels.linear), so a decode step pays one launch per adapted projection, not three, and keeps
+SwiGLU and the deferred residual sum fused; elsewhere (prefill steps) in an expand kernel of its
+own after cuBLAS.
 
 Why: a decode step has one or two row tiles. Looping over the slots and all the features inside
 each row tile's program, the H200 measured a Qwen2.5-0.5B decode step with 8 adapters over 32 rows
@@ -21,9 +22,9 @@ at 11x the step without LoRA; splitting the features alone at 3.8x; slots in the
 MAX_SPLITS partials, which the expand summed chunk by chunk of the rank, at 3.1x, with the expand
 at 6-15 µs a projection, a chain of dependent loads; in the GEMM's epilogue, a product per slot,
 at 2.3x; one product over all slots, B loaded before the main loop, at 2.0x (docs/benchmarks.md,
-runs p, q, a and b; a step with no adapter row runs without these kernels). Slot 0
-is no adapter: its rows get nothing added. Each slot's packed rank (`ranks`) bounds the reads:
-adapters of low rank read only their own columns of the stacks sized for the largest.
+runs p, q, a and b; a step with no adapter row runs without these kernels). Slot 0 is no
+adapter: its rows get nothing added. Each slot's packed rank (`ranks`) bounds the reads: adapters
+of low rank read only their own columns of the stacks sized for the largest.
 
 The torch reference rounds as the expand kernel does: v is rounded to the activation dtype, the
 product accumulated in fp32 onto base read in fp32, rounded once."""
