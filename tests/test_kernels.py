@@ -242,19 +242,23 @@ def lora_delta_reference(x, a, b, ranks, slots) -> torch.Tensor:
 @pytest.mark.parametrize("bias,act,residual", [(True, None, False), (True, "gelu_tanh", False), (False, None, True),
                                               (True, "swiglu", False)])
 @pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("columns", [512, 64])
 def test_skinny_linear_adds_each_rows_adapter_before_the_epilogue(m, n, k, dtype, bias, act, residual, split_k,
-                                                                  monkeypatch):
+                                                                  columns, monkeypatch):
     """The decode form of an adapted projection: the shrink's launch, then the GEMM whose epilogue adds
     each row's delta before the bias, the activation (GELU from a column, SwiGLU over interleaved
-    rows) and the residual, as an fp64 reference computes it. Rows without an adapter come out bit
-    for bit as the GEMM without LoRA gives them, so a base-model row's tokens do not depend on its
-    batch. The shrink's buffers start as NaN: no program reads what none wrote."""
+    rows) and the residual, as an fp64 reference computes it; the slots' B in one product or, past
+    `columns` rank columns, a product per slot. Rows without an adapter come out bit for bit as the
+    GEMM without LoRA gives them, so a base-model row's tokens do not depend on its batch. The
+    shrink's buffers start as NaN: no program reads what none wrote."""
     from slipstream.kernels import lora
     from slipstream.kernels.linear import _activate_reference
     from slipstream.kernels.lora import LoraDelta, shrink
     from slipstream.kernels.skinny_gemm import Config, skinny_linear
 
     monkeypatch.setattr(lora.torch, "empty", lambda *shape, **kw: torch.full(*shape, float("nan"), **kw))
+    monkeypatch.setattr(lora, "ONE_PRODUCT_COLUMNS", columns)
+    assert lora.one_product(3, 48) == (columns == 512)
     g = torch.Generator().manual_seed(m + n + k)
     def mk(*shape):
         return (torch.randn(*shape, generator=g) / 4).to(dtype)

@@ -9,12 +9,12 @@ last to arrive at its (tile, slot) counter sums them in split order; v is rounde
 dtype, as the reference rounds it. It joins the step's chain of PDL launches (see skinny_gemm).
 
 The expand (`lora_delta`) is a tile of rows and output columns: one product of the rows' v, each
-placed in its slot's rank columns, by every present slot's B tile side by side, all of whose loads
-are issued before the GEMM's main loop (`lora_operands`). It runs inside the skinny GEMM's
-epilogue, adding the delta to the accumulator before the bias, the activation and the residual
-(kernels.linear), so a decode step pays one launch per adapted projection, not three, and keeps
-SwiGLU and the deferred residual sum fused; elsewhere (prefill steps) in an expand kernel of its
-own after cuBLAS.
+placed in its slot's rank columns, by every present slot's B tile side by side (`lora_b`), whose
+loads are issued before the GEMM's main loop (past ONE_PRODUCT_COLUMNS rank columns, a product per
+slot after it: `lora_delta_by_slot`). It runs inside the skinny GEMM's epilogue, adding the
+delta to the accumulator before the bias, the activation and the residual (kernels.linear), so a
+decode step pays one launch per adapted projection, not three, and keeps SwiGLU and the deferred
+residual sum fused; elsewhere (prefill steps) in an expand kernel of its own after cuBLAS.
 
 Why: a decode step has one or two row tiles. Looping over the slots and all the features inside
 each row tile's program, the H200 measured a Qwen2.5-0.5B decode step with 8 adapters over 32 rows
@@ -39,6 +39,7 @@ from . import HAS_TRITON, INTERPRET, arrival_counters, pdl_args, sm_count, trito
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64  # rows, output columns, features a tile
 PROGRAMS_PER_SM = 2  # the shrink's feature split aims at this many programs per SM
 MAX_SPLITS = 8
+ONE_PRODUCT_COLUMNS = 512  # the expand's rank columns in one product at most (one_product)
 
 
 class LoraWeights(NamedTuple):
@@ -70,34 +71,54 @@ if HAS_TRITON:
         return tl.dot(a, tl.trans(b))
 
     @triton.jit
-    def lora_operands(v_ptr, slot_ptr, b_ptr, rank_ptr, rm, rn, M, N, R, stride_v, stride_bs, stride_bn,
-                      NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, BLOCK_R: tl.constexpr):
-        """The rows rm's slots (0 past M), their v (width R) and, for the columns rn, every slot's B
-        side by side ([columns, SLOTS_P2 * BLOCK_R], column s * BLOCK_R + j = slot s + 1's rank column
-        j; zero past a slot's rank and for slots no row of the tile holds). None of the loads waits on
-        another, so a GEMM issues them before its main loop and their latency hides under it."""
+    def lora_rows(v_ptr, slot_ptr, rm, M, R, stride_v, BLOCK_R: tl.constexpr):
+        """The rows rm's slots (0 past M) and v (width R). Neither load waits on the other, so a GEMM
+        issues them before its main loop and their latency hides under it."""
         rr = tl.arange(0, BLOCK_R)
         slots = tl.load(slot_ptr + rm, mask=rm < M, other=0)
         v = tl.load(v_ptr + rm[:, None] * stride_v + rr[None, :], mask=(rm[:, None] < M) & (rr[None, :] < R), other=0.0)
+        return slots, v
+
+    @triton.jit
+    def lora_b(b_ptr, rank_ptr, slots, rn, N, stride_bs, stride_bn, NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr,
+               BLOCK_R: tl.constexpr):
+        """For the columns rn, every slot's B side by side ([columns, SLOTS_P2 * BLOCK_R], column s *
+        BLOCK_R + j = slot s + 1's rank column j; zero past a slot's rank and for slots no row of the
+        tile holds): `lora_delta`'s operand, loaded before a GEMM's main loop."""
         cols = tl.arange(0, SLOTS_P2 * BLOCK_R)
         col_slot = cols // BLOCK_R + 1
         present = tl.max((slots[:, None] == col_slot[None, :]).to(tl.int32), axis=0) > 0
         rank = tl.load(rank_ptr + col_slot, mask=col_slot <= NUM_SLOTS, other=0)
         ok = present & (cols % BLOCK_R < rank)
-        b = tl.load(b_ptr + col_slot[None, :] * stride_bs + rn[:, None] * stride_bn + (cols % BLOCK_R)[None, :],
-                    mask=ok[None, :] & (rn[:, None] < N), other=0.0)
-        return slots, v, b
+        return tl.load(b_ptr + col_slot[None, :] * stride_bs + rn[:, None] * stride_bn + (cols % BLOCK_R)[None, :],
+                       mask=ok[None, :] & (rn[:, None] < N), other=0.0)
 
     @triton.jit
     def lora_delta(slots, v, b, SLOTS_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
                    UPCAST: tl.constexpr):
-        """fp32 [rows, columns]: each row's v times its slot's B (`lora_operands`), as one product
-        over every slot's rank columns, a row's v placed in its own slot's and zero in the others (a
-        row without an adapter: all zero, so it gets an exact zero)."""
+        """fp32 [rows, columns]: each row's v times its slot's B (`lora_b`'s), as one product over every
+        slot's rank columns, a row's v placed in its own slot's and zero in the others (a row without
+        an adapter: all zero, so it gets an exact zero)."""
         spread = tl.broadcast_to(v[:, None, :], [BLOCK_M, SLOTS_P2, BLOCK_R])
         mine = slots[:, None, None] == tl.arange(1, SLOTS_P2 + 1)[None, :, None]
         spread = tl.reshape(tl.where(mine, spread, 0.0).to(v.dtype), [BLOCK_M, SLOTS_P2 * BLOCK_R])
         return _dot(spread, b, UPCAST)
+
+    @triton.jit
+    def lora_delta_by_slot(slots, v, b_ptr, rank_ptr, rn, N, stride_bs, stride_bn, NUM_SLOTS: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST: tl.constexpr):
+        """`lora_delta` as a product per slot, each slot's B read where a row of the tile holds it:
+        where the slots' rank columns are too many for one product (ONE_PRODUCT_COLUMNS), and for a
+        prefill step's row tiles, which hold one slot or two."""
+        rr = tl.arange(0, BLOCK_R)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for s in tl.static_range(1, NUM_SLOTS + 1):
+            mine = slots == s
+            present = tl.max(mine.to(tl.int32), axis=0) > 0
+            b = tl.load(b_ptr + s * stride_bs + rn[:, None] * stride_bn + rr[None, :],
+                        mask=present & (rn[:, None] < N) & (rr[None, :] < tl.load(rank_ptr + s)), other=0.0)
+            acc += _dot(tl.where(mine[:, None], v, 0.0).to(v.dtype), b, UPCAST)
+        return acc
 
     @triton.jit
     def _shrink_kernel(x_ptr, a_ptr, rank_ptr, slot_ptr, vp_ptr, v_ptr, arrivals_ptr, T, K, R, K_SPLIT, stride_x,
@@ -149,21 +170,14 @@ if HAS_TRITON:
                        stride_base, stride_o, NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_R: tl.constexpr, UPCAST: tl.constexpr):
         """Program (row tile, output columns): base + each row's delta, rounded once. A prompt's rows
-        are consecutive, so a row tile holds one or two slots: a product per slot of its own rank's
-        width, B read for the slots present (`lora_delta`'s one product over every slot's columns,
-        tried here too, made a prefill step of 32 adapted prompts 1.2-1.7x slower, run b)."""
+        are consecutive, so a row tile holds one or two slots: a product per slot (`lora_delta`'s
+        one product over every slot's columns, tried here too, made a prefill step of 32 adapted
+        prompts 1.2-1.7x slower, run b)."""
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rr = tl.arange(0, BLOCK_R)
-        slots = tl.load(slot_ptr + rm, mask=rm < T, other=0)
-        v = tl.load(v_ptr + rm[:, None] * stride_v + rr[None, :], mask=(rm[:, None] < T) & (rr[None, :] < R), other=0.0)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for s in tl.static_range(1, NUM_SLOTS + 1):
-            mine = slots == s
-            present = tl.max(mine.to(tl.int32), axis=0) > 0
-            b = tl.load(b_ptr + s * stride_bs + rn[:, None] * stride_bn + rr[None, :],
-                        mask=present & (rn[:, None] < N) & (rr[None, :] < tl.load(rank_ptr + s)), other=0.0)
-            acc += _dot(tl.where(mine[:, None], v, 0.0).to(v.dtype), b, UPCAST)
+        slots, v = lora_rows(v_ptr, slot_ptr, rm, T, R, stride_v, BLOCK_R)
+        acc = lora_delta_by_slot(slots, v, b_ptr, rank_ptr, rn, N, stride_bs, stride_bn, NUM_SLOTS, BLOCK_M, BLOCK_N,
+                                 BLOCK_R, UPCAST)
         ok = (rm[:, None] < T) & (rn[None, :] < N)
         base = tl.load(base_ptr + rm[:, None] * stride_base + rn[None, :], mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + rm[:, None] * stride_o + rn[None, :], (base + acc).to(out_ptr.dtype.element_ty), mask=ok)
@@ -207,6 +221,13 @@ def feature_split(rows: int, k: int, slots: int) -> int:
 def rank_block(width: int) -> int:
     """The rank columns a program holds: the stacks' width, rounded up to a power of two (>= 16)."""
     return max(16, triton.next_power_of_2(width))
+
+
+def one_product(num_slots: int, width: int) -> bool:
+    """Whether the expand takes every slot's rank columns in one product (`lora_delta`): registers
+    and shared memory grow with them (8 slots of packed width 192 in one spilled, 32 needed 512 KB
+    of shared memory), so past ONE_PRODUCT_COLUMNS a product per slot (`lora_delta_by_slot`)."""
+    return triton.next_power_of_2(num_slots) * rank_block(width) <= ONE_PRODUCT_COLUMNS
 
 
 def shrink(x: torch.Tensor, a: torch.Tensor, ranks: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

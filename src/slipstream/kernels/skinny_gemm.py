@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from . import INTERPRET, arrival_counters, pdl_args, sm_count
-from .lora import LoraDelta, lora_delta, lora_operands, rank_block
+from .lora import LoraDelta, lora_b, lora_delta, lora_delta_by_slot, lora_rows, one_product, rank_block
 
 ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2, "swiglu": 3}
 
@@ -78,12 +78,14 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
                           HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, UPCAST: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, DEFER: tl.constexpr,
-                          LORA_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
+                          LORA_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, ONE_PRODUCT: tl.constexpr,
+                          BLOCK_R: tl.constexpr, PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
     sums the partials in split order (deterministic), runs the epilogue and resets the counter.
     DEFER: every program only leaves its partial; the next kernel sums them (linear.PendingSum).
-    LORA_SLOTS > 0: the programs of the first K range add each row's adapter delta (kernels.lora)."""
+    LORA_SLOTS > 0: the programs of the first K range add each row's adapter delta (kernels.lora), in
+    one product over all slots, their B loaded before the main loop (ONE_PRODUCT), or one a slot."""
     act_dtype = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -98,8 +100,9 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
         tl.extra.cuda.gdc_wait()
     if LORA_SLOTS > 0:
         # (only the first K range adds the delta: the others' rows count as none, so they load nothing)
-        slots, v, lb = lora_operands(v_ptr, slot_ptr, lb_ptr, rank_ptr, rm, rn, M * (pid_k == 0).to(tl.int32), N,
-                                     V_WIDTH, stride_v, stride_lbs, stride_lbn, LORA_SLOTS, SLOTS_P2, BLOCK_R)
+        slots, v = lora_rows(v_ptr, slot_ptr, rm, M * (pid_k == 0).to(tl.int32), V_WIDTH, stride_v, BLOCK_R)
+        if ONE_PRODUCT:
+            lb = lora_b(lb_ptr, rank_ptr, slots, rn, N, stride_lbs, stride_lbn, LORA_SLOTS, SLOTS_P2, BLOCK_R)
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
         kk = k0 + rk
         w_ptrs = w_ptr + rn[:, None] * stride_wn + kk[None, :]
@@ -118,7 +121,11 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
         tl.extra.cuda.gdc_launch_dependents()
     if LORA_SLOTS > 0:
         if pid_k == 0:
-            acc += lora_delta(slots, v, lb, SLOTS_P2, BLOCK_M, BLOCK_R, UPCAST)
+            if ONE_PRODUCT:
+                acc += lora_delta(slots, v, lb, SLOTS_P2, BLOCK_M, BLOCK_R, UPCAST)
+            else:
+                acc += lora_delta_by_slot(slots, v, lb_ptr, rank_ptr, rn, N, stride_lbs, stride_lbn, LORA_SLOTS,
+                                          BLOCK_M, BLOCK_N, BLOCK_R, UPCAST)
     tile = rm[:, None] * N + rn[None, :]
     tile_ok = row_ok[:, None] & col_ok[None, :]
     if DEFER:
@@ -185,12 +192,13 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         arrivals = arrival_counters(x.device, tiles)
     v, lb, ranks, slots = lora if lora is not None else (x, weight[None], x, x)
     block_r = rank_block(v.shape[1]) if lora is not None else 16
+    slots_p2 = triton.next_power_of_2(max(1, lb.shape[0] - 1))
     _skinny_linear_kernel[(tiles, cfg.split_k)](
         x, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
         partial, arrivals, v, lb, ranks, slots, m, n, k, k_split, act_from, v.shape[1],
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
-        v.stride(0), lb.stride(0), lb.stride(1), LORA_SLOTS=lb.shape[0] - 1,
-        SLOTS_P2=triton.next_power_of_2(max(1, lb.shape[0] - 1)), BLOCK_R=block_r,
+        v.stride(0), lb.stride(0), lb.stride(1), LORA_SLOTS=lb.shape[0] - 1, SLOTS_P2=slots_p2,
+        ONE_PRODUCT=lora is not None and one_product(lb.shape[0] - 1, v.shape[1]), BLOCK_R=block_r,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
