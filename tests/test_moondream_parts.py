@@ -52,7 +52,7 @@ def test_prepared_pixels_are_the_images_and_its_digest_tells_images_apart():
     assert prepare_image(Image.fromarray(pixels.copy()), VisionConfig()).digest == prepared.digest
     changed = pixels.copy()
     changed[59, 79, 2] ^= 1
-    reshaped = np.ascontiguousarray(pixels).reshape(80, 60, 3)
+    reshaped = pixels.reshape(80, 60, 3)
     digests = {prepare_image(Image.fromarray(p), VisionConfig()).digest for p in (pixels, changed, reshaped)}
     assert len(digests) == 3 and np.array_equal(np.asarray(img), pixels)
 
