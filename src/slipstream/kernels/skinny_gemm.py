@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from . import INTERPRET, arrival_counters, pdl_args, sm_count
-from .lora import LoraDelta, lora_b, lora_delta, lora_delta_by_slot, lora_rows, one_product, rank_block
+from .lora import (LoraDelta, lora_b, lora_delta, lora_delta_by_slot, lora_rows, lora_spread_rows, one_product,
+                   rank_block)
 
 ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2, "swiglu": 3}
 
@@ -100,9 +101,12 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
         tl.extra.cuda.gdc_wait()
     if LORA_SLOTS > 0:
         # (only the first K range adds the delta: the others' rows count as none, so they load nothing)
-        slots, v = lora_rows(v_ptr, slot_ptr, rm, M * (pid_k == 0).to(tl.int32), V_WIDTH, stride_v, BLOCK_R)
+        rows = M * (pid_k == 0).to(tl.int32)
         if ONE_PRODUCT:
+            slots, v = lora_spread_rows(v_ptr, slot_ptr, rm, rows, V_WIDTH, stride_v, SLOTS_P2, BLOCK_R)
             lb = lora_b(lb_ptr, rank_ptr, slots, rn, N, stride_lbs, stride_lbn, LORA_SLOTS, SLOTS_P2, BLOCK_R)
+        else:
+            slots, v = lora_rows(v_ptr, slot_ptr, rm, rows, V_WIDTH, stride_v, BLOCK_R)
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
         kk = k0 + rk
         w_ptrs = w_ptr + rn[:, None] * stride_wn + kk[None, :]
@@ -122,7 +126,7 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     if LORA_SLOTS > 0:
         if pid_k == 0:
             if ONE_PRODUCT:
-                acc += lora_delta(slots, v, lb, SLOTS_P2, BLOCK_M, BLOCK_R, UPCAST)
+                acc += lora_delta(v, lb, UPCAST)
             else:
                 acc += lora_delta_by_slot(slots, v, lb_ptr, rank_ptr, rn, N, stride_lbs, stride_lbn, LORA_SLOTS,
                                           BLOCK_M, BLOCK_N, BLOCK_R, UPCAST)
