@@ -68,9 +68,9 @@ def main() -> None:
     import slipstream.kernels as kernels
     from slipstream.kernels import paged_decode
     from slipstream.kernels.linear import PendingSum
-    from slipstream.kernels.lora import LoraDelta, lora_add_triton, shrink
+    from slipstream.kernels.lora import LoraDelta, LoraWeights, lora_add_triton, shrink
     from slipstream.kernels.activation import gelu_columns, swiglu
-    from slipstream.kernels.norm import add_rms_norm, layer_norm, rms_norm
+    from slipstream.kernels.norm import add_rms_norm, layer_norm, rms_norm, rms_norm_shrink
     from slipstream.kernels.packed_attention import packed_attention, rotary_, store_kv
     from slipstream.kernels.sample import fused_sample
     from slipstream.kernels.skinny_gemm import Config, skinny_linear
@@ -115,6 +115,10 @@ def main() -> None:
     wide = LoraDelta(mk(32, 192), mk(33, 1152, 192), mk(33, dtype=torch.int32), torch.arange(32))  # (32 slots, rank 64)
     skinny_linear(x, mk(1152, 896), mk(1152), lora=wide, config=Config(16, 128, 4, 4, 4))
     shrink(mk(32, 4864), mk(9, 16, 4864), mk(9, dtype=torch.int32), torch.arange(32))
+    o_lora = (mk(32, 896), LoraWeights(mk(9, 16, 896), mk(9, 896, 16), mk(9, dtype=torch.int32), torch.arange(32)))
+    qkv_lora = LoraWeights(mk(9, 48, 896), mk(9, 1152, 48), mk(9, dtype=torch.int32), torch.arange(32))
+    rms_norm_shrink(PendingSum(partials, None, res, o_lora), mk(896), 1e-6, qkv_lora)  # (o's delta, qkv's shrink)
+    rms_norm_shrink(x, mk(896), 1e-6, qkv_lora)  # (the first layer's norm)
     gelu_columns(mk(512, 14336), "gelu_tanh", 6144, out=mk(512, 16384)[:, :14336])
     tokens, programs = torch.arange(512), torch.zeros(7, 600, dtype=torch.int64)
     qkv = mk(512, 18, 64)  # a Qwen prefill step's projected q/k/v: strided views

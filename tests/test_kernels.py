@@ -331,6 +331,60 @@ def test_a_deferred_sum_finished_by_the_norm_is_the_gemm_epilogue_bit_for_bit(sp
     assert torch.equal(normed, rms_norm(want, nw, 1e-6))
 
 
+@pytest.mark.parametrize("pending", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_norm_adds_the_gemm_befores_adapter_delta_and_shrinks_for_the_gemm_after(pending, dtype):
+    """kernels.norm.rms_norm_shrink: a norm finishing a PendingSum whose GEMM left its adapter too
+    (`lora_in_norm`) adds each row's delta to the partials before the bias, as the GEMM's epilogue
+    would; and it computes the shrink of the projection after it (v = out @ A[slot].T, rounded),
+    which the skinny GEMM then expands: together, the fp64 reference of both adapted projections.
+    Rows without an adapter are the plain norm's, bit for bit."""
+    from slipstream.kernels.linear import PendingSum
+    from slipstream.kernels.lora import LoraWeights
+    from slipstream.kernels.norm import add_rms_norm, rms_norm, rms_norm_shrink
+    from slipstream.kernels.skinny_gemm import Config, skinny_linear
+
+    m, k, d, n = 9, 80, 96, 40
+    g = torch.Generator().manual_seed(7)
+    a0, b0, ranks, slots = lora_case(m, k, d, dtype, 1)  # (the GEMM before: x [m, k] -> [m, d])
+    a1, b1, _, _ = lora_case(m, d, n, dtype, 2)  # (the GEMM after: [m, d] -> [m, n])
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w0 = (torch.randn(d, k, generator=g) / 4).to(dtype)
+    bias, r = torch.randn(d, generator=g).to(dtype), torch.randn(m, d, generator=g).to(dtype)
+    nw, w1 = torch.randn(d, generator=g).to(dtype), (torch.randn(n, d, generator=g) / 4).to(dtype)
+    on = [t.to(DEVICE) for t in (x, w0, bias, r, nw, w1, a0, b0, a1, b1, ranks, slots)]
+    dx, dw0, dbias, dr, dnw, dw1, da0, db0, da1, db1, dranks, dslots = on
+    config = Config(16, 32, 4, 1, 2)
+    if pending:  # (what linear(..., defer=True, lora=, lora_in_norm=True) leaves where the skinny GEMM runs)
+        before = PendingSum(skinny_linear(dx, dw0, config=config, defer=True), dbias, dr,
+                            (dx, LoraWeights(da0, db0, dranks, dslots)))
+    else:
+        before = dr
+    total, normed, delta = rms_norm_shrink(before, dnw, 1e-6, LoraWeights(da1, db1, dranks, dslots))
+    out = skinny_linear(normed, dw1, lora=delta)
+
+    want_total = r.double()
+    if pending:
+        want_total = r.double() + (x.double() @ w0.double().T + lora_delta_reference(x, a0, b0, ranks, slots)
+                                   + bias.double())
+    tf = want_total.float()
+    want_normed = nw.double() * (tf * torch.rsqrt(tf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype).double()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    err = (total.double().cpu() - want_total).norm() / want_total.norm()
+    assert err < tol, err
+    err = (normed.double().cpu() - want_normed).norm() / want_normed.norm()
+    assert err < tol, err
+    want = normed.double().cpu() @ w1.double().T + lora_delta_reference(normed.cpu(), a1, b1, ranks, slots)
+    assert (out.double().cpu() - want).norm() / want.norm() < tol
+    plain = slots == 0
+    if pending:
+        ref_total, ref_normed = add_rms_norm(PendingSum(skinny_linear(dx, dw0, config=config, defer=True), dbias, dr),
+                                             dnw, 1e-6)
+    else:
+        ref_total, ref_normed = dr, rms_norm(dr, dnw, 1e-6)
+    assert torch.equal(total[plain], ref_total[plain]) and torch.equal(normed[plain], ref_normed[plain])
+
+
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_skinny_linear_activation_from_a_column_into_a_wider_buffer(split_k):
     """Phi's fused [qkv; fc1] GEMM: GELU only on the columns from `act_from`, written into the left part

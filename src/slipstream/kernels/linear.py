@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from . import triton_rows
-from .lora import LoraWeights
+from .lora import NORM_MAX_FEATURES, LoraDelta, LoraWeights
 
 MAX_ROWS = 64  # decode batches up to this size run the skinny GEMM
 
@@ -28,6 +28,7 @@ class PendingSum(NamedTuple):
     partials: torch.Tensor | None  # [splits, rows, N] fp32
     bias: torch.Tensor | None
     residual: torch.Tensor
+    lora: tuple[torch.Tensor, LoraWeights] | None = None  # the GEMM's input and adapter: its delta, to add too
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
@@ -49,7 +50,7 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
            residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
            out: torch.Tensor | None = None, defer: bool = False,
-           lora: LoraWeights | None = None) -> torch.Tensor | PendingSum:
+           lora: LoraWeights | LoraDelta | None = None, lora_in_norm: bool = False) -> torch.Tensor | PendingSum:
     """x [rows, K] -> [rows, N]. `act`: None; "gelu_tanh" or "gelu", applied to the output columns
     from `act_from` on; or "swiglu", for weight rows interleaving gate and up (see
     `interleave_gate_up`), giving [rows, N / 2]. `residual` is added last; `out` (a view, e.g.
@@ -57,13 +58,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     then gives up): where the skinny GEMM runs, a PendingSum for the next RMSNorm to finish; on a
     wider CUDA step without a bias, cuBLAS accumulates onto the residual in place (beta = 1), which
     saves an add's pass over the output (two a layer: 0.08 ms of a 544-token Qwen2.5-0.5B step).
-    `lora`: each row's adapter delta goes in before the activation (and the residual)."""
+    `lora`: each row's adapter delta goes in before the activation (and the residual); a LoraDelta
+    (v already computed by the norm before: kernels.norm.rms_norm_shrink) only where the skinny GEMM
+    runs. `lora_in_norm` (with `defer`, where the skinny GEMM runs): the delta too is left to the
+    RMSNorm that finishes the sum (x's row must fit that norm's program)."""
     if triton_rows(x) and x.shape[0] <= MAX_ROWS:
         from .skinny_gemm import skinny_linear
 
-        delta = None
-        if lora is not None:  # (the shrink's own launch; the expand inside the GEMM's epilogue)
-            from .lora import LoraDelta, shrink
+        if defer and lora_in_norm and isinstance(lora, LoraWeights) and max(weight.shape) <= NORM_MAX_FEATURES:
+            return PendingSum(skinny_linear(x, weight, defer=True), bias, residual,
+                              (x, lora._replace(slots=lora.slots[: x.shape[0]])))
+        delta = lora
+        if isinstance(lora, LoraWeights):  # (the shrink's own launch; the expand inside the GEMM's epilogue)
+            from .lora import shrink
 
             slots = lora.slots[: x.shape[0]]
             delta = LoraDelta(shrink(x, lora.a, lora.ranks, slots), lora.b, lora.ranks, slots)
@@ -71,6 +78,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             assert residual is not None and act is None and out is None and out_dtype is None
             return PendingSum(skinny_linear(x, weight, defer=True, lora=delta), bias, residual)
         return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out, lora=delta)
+    assert not isinstance(lora, LoraDelta), "a LoraDelta is only for the skinny GEMM's rows"
     if lora is not None:
         return _linear_with_lora(x, weight, bias, act, residual, out_dtype, act_from, out, defer, lora)
     if defer and triton_rows(x) and bias is None and residual.is_contiguous():

@@ -40,6 +40,9 @@ BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64  # rows, output columns, features a tile
 PROGRAMS_PER_SM = 2  # the shrink's feature split aims at this many programs per SM
 MAX_SPLITS = 8
 ONE_PRODUCT_COLUMNS = 512  # the expand's rank columns in one product at most (one_product)
+# The widest rows (features) an RMSNorm's program takes an adapter's work for, beside the row it holds
+# [16, features] tiles of A and B (kernels.norm.rms_norm_shrink, kernels.linear's lora_in_norm)
+NORM_MAX_FEATURES = 2048
 
 
 class LoraWeights(NamedTuple):

@@ -17,17 +17,36 @@ import triton.language as tl
 
 from . import pdl_args
 from .linear import PendingSum
+from .lora import LoraDelta, LoraWeights, rank_block
 
 
 @triton.jit
-def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr, rows, D, eps, stride_x, stride_o,
+def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr, slot_ptr,
+                 ph_ptr, pa_ptr, pb_ptr, prank_ptr, na_ptr, nrank_ptr, v_ptr,
+                 rows, D, KP, NR, eps, stride_x, stride_o, stride_ph, stride_pas, stride_par, stride_pbs, stride_pbn,
+                 stride_nas, stride_nar, stride_v,
                  RMS: tl.constexpr, SPLITS: tl.constexpr, PART_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PREV_LORA: tl.constexpr, BLOCK_KP: tl.constexpr, BLOCK_PR: tl.constexpr,
+                 NEXT_LORA: tl.constexpr, BLOCK_NR: tl.constexpr, PDL: tl.constexpr):
     """SPLITS > 0 or PART_BIAS: x_ptr holds a residual; the norm is of x = residual + (the sum of the
-    SPLITS partials at part_ptr + bias), which is also stored at sum_ptr ([rows, D], contiguous)."""
+    SPLITS partials at part_ptr + bias), which is also stored at sum_ptr ([rows, D], contiguous).
+    PREV_LORA: the GEMM that left the partials had an adapter, whose delta for this row (its input
+    row at ph_ptr, KP features; A and B stacks, the row's slot) joins the sum before the bias.
+    NEXT_LORA: the shrink of the projection after the norm, v = out @ A[slot].T (rounded), into
+    v_ptr: the GEMM then only expands (kernels.lora.LoraDelta)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
+    if PREV_LORA or NEXT_LORA:
+        slot = tl.load(slot_ptr + row)
+    if PREV_LORA:  # (its weights' loads issued before the wait: they come from no kernel of the step)
+        pr = tl.arange(0, BLOCK_PR)
+        kp = tl.arange(0, BLOCK_KP)
+        prank = tl.load(prank_ptr + slot)
+        pa = tl.load(pa_ptr + slot * stride_pas + pr[:, None] * stride_par + kp[None, :],
+                     mask=(pr[:, None] < prank) & (kp[None, :] < KP), other=0.0)
+        pb = tl.load(pb_ptr + slot * stride_pbs + cols[None, :] * stride_pbn + pr[:, None],
+                     mask=(pr[:, None] < prank) & ok[None, :], other=0.0)
     if PDL:  # (see skinny_gemm)
         tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
@@ -35,6 +54,10 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
         acc = tl.zeros([BLOCK_D], tl.float32)
         for s in tl.static_range(SPLITS):
             acc += tl.load(part_ptr + (s * rows + row) * D + cols, mask=ok, other=0.0)
+        if PREV_LORA:  # (v rounded to the activation dtype, as kernels.lora's reference rounds it)
+            h = tl.load(ph_ptr + row * stride_ph + kp, mask=kp < KP, other=0.0).to(tl.float32)
+            v = tl.sum(pa.to(tl.float32) * h[None, :], axis=1).to(x_ptr.dtype.element_ty).to(tl.float32)
+            acc += tl.sum(pb.to(tl.float32) * v[:, None], axis=0)
         if PART_BIAS:
             acc += tl.load(part_bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
         x = (acc.to(x_ptr.dtype.element_ty).to(tl.float32) + x).to(x_ptr.dtype.element_ty)
@@ -50,40 +73,74 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
         y = normed * w + tl.load(b_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
+    y = y.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_o + cols, y, mask=ok)
+    if NEXT_LORA:  # 16 rank columns at a time (a whole [rank, D] tile would not fit the registers)
+        nrank = tl.load(nrank_ptr + slot)
+        rr = tl.arange(0, 16)
+        for r0 in tl.static_range(0, BLOCK_NR, 16):
+            a = tl.load(na_ptr + slot * stride_nas + (r0 + rr)[:, None] * stride_nar + cols[None, :],
+                        mask=((r0 + rr)[:, None] < nrank) & ok[None, :], other=0.0)
+            v = tl.sum(a.to(tl.float32) * y.to(tl.float32)[None, :], axis=1)
+            tl.store(v_ptr + row * stride_v + r0 + rr, v.to(v_ptr.dtype.element_ty), mask=r0 + rr < NR)
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool,
-            out: torch.Tensor | None, pending: PendingSum | None = None, total: torch.Tensor | None = None
-            ) -> torch.Tensor:
+            out: torch.Tensor | None, pending: PendingSum | None = None, total: torch.Tensor | None = None,
+            shrink: LoraWeights | None = None) -> tuple[torch.Tensor, LoraDelta | None]:
     rows, d = x.shape
     out = torch.empty((rows, d), dtype=x.dtype, device=x.device) if out is None else out
     block = triton.next_power_of_2(d)
     parts, part_bias = (pending.partials, pending.bias) if pending is not None else (None, None)
+    prev = pending.lora if pending is not None else None
+    ph, (pa, pb, prank, pslots) = prev if prev is not None else (x, (x[None], x[None], x, x))
+    slots = pslots if prev is not None else shrink.slots if shrink is not None else x
+    na, _, nrank, _ = shrink if shrink is not None else (x[None], None, x, None)
+    v = torch.empty((rows, na.shape[1]), dtype=x.dtype, device=x.device) if shrink is not None else x
     _norm_kernel[(rows,)](x, weight, weight if bias is None else bias, out, x if parts is None else parts,
-                          weight if part_bias is None else part_bias, out if total is None else total, rows, d, eps,
-                          x.stride(0), out.stride(0),
+                          weight if part_bias is None else part_bias, out if total is None else total, slots,
+                          ph, pa, pb, prank, na, nrank, v, rows, d, ph.shape[1], na.shape[1], eps,
+                          x.stride(0), out.stride(0), ph.stride(0), pa.stride(0), pa.stride(1), pb.stride(0),
+                          pb.stride(1), na.stride(0), na.stride(1), v.stride(0),
                           RMS=rms, SPLITS=0 if parts is None else parts.shape[0], PART_BIAS=part_bias is not None,
-                          BLOCK_D=block, num_warps=min(8, max(1, block // 256)), **pdl_args())
-    return out
+                          BLOCK_D=block, PREV_LORA=prev is not None,
+                          BLOCK_KP=triton.next_power_of_2(ph.shape[1]) if prev is not None else 16,
+                          BLOCK_PR=rank_block(pa.shape[1]) if prev is not None else 16, NEXT_LORA=shrink is not None,
+                          BLOCK_NR=rank_block(na.shape[1]) if shrink is not None else 16,
+                          num_warps=min(8, max(1, block // 256)) * (2 if prev is not None or shrink is not None else 1),
+                          **pdl_args())
+    delta = None if shrink is None else LoraDelta(v, shrink.b, shrink.ranks, shrink.slots[:rows])
+    return out, delta
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, D] (rows may be strided, features contiguous) -> [rows, D] in x's dtype."""
-    return _launch(x, weight, None, eps, True, out)
+    return _launch(x, weight, None, eps, True, out)[0]
 
 
 def add_rms_norm(pending: PendingSum, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, rms_norm(x)) for x = the pending sum, in one launch."""
     residual = pending.residual
     total = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-    return total, _launch(residual, weight, None, eps, True, None, pending, total)
+    return total, _launch(residual, weight, None, eps, True, None, pending, total)[0]
+
+
+def rms_norm_shrink(x: torch.Tensor | PendingSum, weight: torch.Tensor, eps: float,
+                    shrink: LoraWeights) -> tuple[torch.Tensor, torch.Tensor, LoraDelta]:
+    """(x, rms_norm(x), the next projection's LoraDelta) for x a tensor or a pending sum: the norm's
+    program also computes each row's v for the adapter after it (kernels.lora's shrink, no launch of
+    its own; the GEMM after expands)."""
+    if not isinstance(x, PendingSum):
+        return (x, *_launch(x, weight, None, eps, True, None, shrink=shrink))
+    residual = x.residual
+    total = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
+    return (total, *_launch(residual, weight, None, eps, True, None, x, total, shrink))
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, D] (rows may be strided, features contiguous) -> [rows, D] in x's dtype."""
-    return _launch(x, weight, bias, eps, False, out)
+    return _launch(x, weight, bias, eps, False, out)[0]
 
 
 def add_layer_norm(residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -99,4 +156,4 @@ def pending_layer_norm(pending: PendingSum, weight: torch.Tensor, bias: torch.Te
     adds), in one launch."""
     residual = pending.residual
     total = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-    return total, _launch(residual, weight, bias, eps, False, None, pending, total)
+    return total, _launch(residual, weight, bias, eps, False, None, pending, total)[0]

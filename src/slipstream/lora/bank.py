@@ -23,19 +23,22 @@ from typing import Callable
 
 import torch
 
-from ..kernels.lora import LoraWeights
+from ..kernels.lora import LoraDelta, LoraWeights
 from .adapter import PackedAdapter, read_adapter
 
 
 class LayerLora:
-    """One layer's stacks and the step's slot per token: what the layer's projections add."""
+    """One layer's stacks and the step's slot per token: what the layer's projections add. A norm
+    before a projection may compute the projection's shrink itself (`shrunk`, kernels.norm.
+    rms_norm_shrink): the projection then gets that LoraDelta and only expands."""
 
     def __init__(self, stacks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], slots: torch.Tensor) -> None:
         self.stacks, self.slots = stacks, slots
+        self.shrunk: dict[str, LoraDelta] = {}
 
-    def __getitem__(self, target: str) -> LoraWeights:
+    def __getitem__(self, target: str) -> LoraWeights | LoraDelta:
         """The `lora` argument of `kernels.linear` for one of the layer's projections."""
-        return LoraWeights(*self.stacks[target], self.slots)
+        return self.shrunk.get(target) or LoraWeights(*self.stacks[target], self.slots)
 
 
 class LoraRows:

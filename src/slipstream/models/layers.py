@@ -9,7 +9,8 @@ from torch import nn
 
 from ..kernels import triton_rows
 from ..kernels.attention import Rope
-from ..kernels.linear import PendingSum
+from ..kernels.linear import MAX_ROWS, PendingSum
+from ..kernels.lora import NORM_MAX_FEATURES
 from .config import ModelConfig
 
 
@@ -27,9 +28,18 @@ class RMSNorm(nn.Module):
             return rms_norm(x, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
-    def add(self, x: torch.Tensor | PendingSum) -> tuple[torch.Tensor, torch.Tensor]:
+    def add(self, x: torch.Tensor | PendingSum, lora=None,
+            target: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, norm(x)) for a residual stream that may still be a GEMM's PendingSum (decode steps on
-        CUDA), which the norm's kernel then sums first."""
+        CUDA), which the norm's kernel then sums first (with the GEMM's adapter delta, if it left
+        one). With `lora` (a layer's LayerLora) where the skinny GEMM runs next, the norm's kernel
+        also computes the shrink of the `target` projection after it (LayerLora.shrunk)."""
+        rows = x.residual if isinstance(x, PendingSum) else x
+        if lora is not None and triton_rows(rows) and rows.shape[0] <= MAX_ROWS and rows.shape[1] <= NORM_MAX_FEATURES:
+            from ..kernels.norm import rms_norm_shrink
+
+            x, normed, lora.shrunk[target] = rms_norm_shrink(x, self.weight, self.eps, lora[target])
+            return x, normed
         if isinstance(x, PendingSum):
             from ..kernels.norm import add_rms_norm
 

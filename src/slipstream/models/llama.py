@@ -44,7 +44,8 @@ class Attention(nn.Module):
         qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias, lora=lora and lora["qkv"])
         o = self.attend(qkv, rope, attn, pages).flatten(1)
         out = getattr(self, self.out_name)
-        return linear(o, out.weight, out.bias, residual=residual, defer=True, lora=lora and lora["o"])
+        return linear(o, out.weight, out.bias, residual=residual, defer=True, lora=lora and lora["o"],
+                      lora_in_norm=True)
 
     def attend(self, qkv: torch.Tensor, rope: Rope, attn: AttentionInputs,
                pages: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,8 +106,9 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor | PendingSum, rope: Rope, attn: AttentionInputs,
                 pages: tuple[torch.Tensor, torch.Tensor], lora=None) -> torch.Tensor | PendingSum:
         """The residual stream in and out; each norm finishes the sum the GEMM before it left pending."""
-        x, h = self.input_layernorm.add(x)
-        x, h = self.post_attention_layernorm.add(self.self_attn(h, rope, attn, pages, residual=x, lora=lora))
+        x, h = self.input_layernorm.add(x, lora, "qkv")
+        x, h = self.post_attention_layernorm.add(self.self_attn(h, rope, attn, pages, residual=x, lora=lora), lora,
+                                                 "gate_up")
         return self.mlp(h, residual=x, lora=lora)
 
 
