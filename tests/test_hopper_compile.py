@@ -119,6 +119,11 @@ def main() -> None:
     qkv_lora = LoraWeights(mk(9, 48, 896), mk(9, 1152, 48), mk(9, dtype=torch.int32), torch.arange(32))
     rms_norm_shrink(PendingSum(partials, None, res, o_lora), mk(896), 1e-6, qkv_lora)  # (o's delta, qkv's shrink)
     rms_norm_shrink(x, mk(896), 1e-6, qkv_lora)  # (the first layer's norm)
+    down_w = LoraWeights(mk(9, 16, 4864), mk(9, 896, 16), mk(9, dtype=torch.int32), torch.arange(32))
+    parts = mk(304, 32, 16, dtype=torch.float32)  # (down's shrink started by gate_up's tiles, finished by the norm)
+    skinny_linear(x, mk(9728, 896), act="swiglu", lora=gate_up, shrink_next=down_w, next_parts=parts,
+                  config=Config(32, 128, 4, 4, 1))
+    rms_norm_shrink(PendingSum(partials, None, res, (parts, down_w)), mk(896), 1e-6, qkv_lora)
     gelu_columns(mk(512, 14336), "gelu_tanh", 6144, out=mk(512, 16384)[:, :14336])
     tokens, programs = torch.arange(512), torch.zeros(7, 600, dtype=torch.int64)
     qkv = mk(512, 18, 64)  # a Qwen prefill step's projected q/k/v: strided views

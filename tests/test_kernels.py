@@ -385,6 +385,45 @@ def test_a_norm_adds_the_gemm_befores_adapter_delta_and_shrinks_for_the_gemm_aft
     assert torch.equal(total[plain], ref_total[plain]) and torch.equal(normed[plain], ref_normed[plain])
 
 
+@pytest.mark.parametrize("block_n", [16, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_swiglu_gemm_starts_the_down_shrink_that_the_norm_after_down_finishes(block_n, dtype):
+    """linear.LoraShrunk: the SwiGLU GEMM's tiles each leave their share of the down projection's
+    shrink from the outputs they store; the down GEMM runs without its adapter; the RMSNorm that
+    finishes its sum adds the shares up, rounds v and adds the delta: the fp64 reference of the
+    adapted down projection. Rows without an adapter are the plain path's, bit for bit."""
+    from slipstream.kernels.linear import PendingSum
+    from slipstream.kernels.lora import LoraDelta, LoraWeights
+    from slipstream.kernels.norm import add_rms_norm
+    from slipstream.kernels.skinny_gemm import Config, next_shrink_parts, skinny_linear
+
+    m, d, inter = 9, 64, 80
+    g = torch.Generator().manual_seed(3)
+    a, b, ranks, slots = lora_case(m, inter, d, dtype, 4)  # (down's stacks: [inter] -> [d])
+    x = torch.randn(m, d, generator=g).to(dtype)
+    w_gu = (torch.randn(2 * inter, d, generator=g) / 4).to(dtype)
+    w_d = (torch.randn(d, inter, generator=g) / 4).to(dtype)
+    r, nw = torch.randn(m, d, generator=g).to(dtype), torch.randn(d, generator=g).to(dtype)
+    dx, dw_gu, dw_d, dr, dnw, da, db, dranks, dslots = (t.to(DEVICE) for t in (x, w_gu, w_d, r, nw, a, b, ranks, slots))
+    gate_up = LoraDelta(torch.zeros(m, 16, dtype=dtype, device=DEVICE), torch.zeros(4, 2 * inter, 16, dtype=dtype,
+                        device=DEVICE), torch.zeros(4, dtype=torch.int32, device=DEVICE), dslots)  # (gate_up: nothing)
+    down = LoraWeights(da, db, dranks, dslots)
+    config = Config(block_n, 32, 4, 1, 1)
+    parts = next_shrink_parts(dx, dw_gu, a.shape[1], config)
+    hidden = skinny_linear(dx, dw_gu, act="swiglu", lora=gate_up, shrink_next=down, next_parts=parts, config=config)
+    assert torch.equal(hidden, skinny_linear(dx, dw_gu, act="swiglu", config=config))
+    down_config = Config(16, 32, 4, 1, 2)
+    total, normed = add_rms_norm(PendingSum(skinny_linear(hidden, dw_d, defer=True, config=down_config), None, dr,
+                                            (parts, down)), dnw, 1e-6)
+    h = hidden.cpu()
+    want = r.double() + h.double() @ w_d.double().T + lora_delta_reference(h, a, b, ranks, slots)
+    err = (total.double().cpu() - want).norm() / want.norm()
+    assert err < (1e-5 if dtype == torch.float32 else 2e-2), err
+    plain_total, _ = add_rms_norm(PendingSum(skinny_linear(hidden, dw_d, defer=True, config=down_config), None, dr),
+                                  dnw, 1e-6)
+    assert torch.equal(total[slots == 0], plain_total[slots == 0])
+
+
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_skinny_linear_activation_from_a_column_into_a_wider_buffer(split_k):
     """Phi's fused [qkv; fc1] GEMM: GELU only on the columns from `act_from`, written into the left part

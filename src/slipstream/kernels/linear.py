@@ -12,9 +12,18 @@ import torch
 import torch.nn.functional as F
 
 from . import triton_rows
-from .lora import NORM_MAX_FEATURES, LoraDelta, LoraWeights
+from .lora import NORM_MAX_FEATURES, LoraDelta, LoraWeights, rank_block
 
 MAX_ROWS = 64  # decode batches up to this size run the skinny GEMM
+
+
+class LoraShrunk(NamedTuple):
+    """A projection's adapters whose shrink the SwiGLU GEMM before it started (each output tile's
+    share, `parts` [tiles, rows, width] fp32): the RMSNorm finishing its sum adds them up, rounds
+    v and adds the delta (`down_lora_in_norm`)."""
+
+    parts: torch.Tensor
+    weights: LoraWeights
 
 
 class PendingSum(NamedTuple):
@@ -28,7 +37,9 @@ class PendingSum(NamedTuple):
     partials: torch.Tensor | None  # [splits, rows, N] fp32
     bias: torch.Tensor | None
     residual: torch.Tensor
-    lora: tuple[torch.Tensor, LoraWeights] | None = None  # the GEMM's input and adapter: its delta, to add too
+    # the GEMM's adapter, whose delta is to be added too: with its input rows [rows, K], or the shrink's
+    # parts (LoraShrunk's, 3-D)
+    lora: tuple[torch.Tensor, LoraWeights] | None = None
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
@@ -50,7 +61,8 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
            residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
            out: torch.Tensor | None = None, defer: bool = False,
-           lora: LoraWeights | LoraDelta | None = None, lora_in_norm: bool = False) -> torch.Tensor | PendingSum:
+           lora: LoraWeights | LoraDelta | LoraShrunk | None = None, lora_in_norm: bool = False,
+           shrink_next: LoraShrunk | None = None) -> torch.Tensor | PendingSum:
     """x [rows, K] -> [rows, N]. `act`: None; "gelu_tanh" or "gelu", applied to the output columns
     from `act_from` on; or "swiglu", for weight rows interleaving gate and up (see
     `interleave_gate_up`), giving [rows, N / 2]. `residual` is added last; `out` (a view, e.g.
@@ -61,9 +73,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     `lora`: each row's adapter delta goes in before the activation (and the residual); a LoraDelta
     (v already computed by the norm before: kernels.norm.rms_norm_shrink) only where the skinny GEMM
     runs. `lora_in_norm` (with `defer`, where the skinny GEMM runs): the delta too is left to the
-    RMSNorm that finishes the sum (x's row must fit that norm's program)."""
+    RMSNorm that finishes the sum (x's row must fit that norm's program); a LoraShrunk (with
+    `defer`): the same, the shrink started by the GEMM before (`shrink_next` there, "swiglu")."""
     if triton_rows(x) and x.shape[0] <= MAX_ROWS:
         from .skinny_gemm import skinny_linear
+
+        if isinstance(lora, LoraShrunk):
+            assert defer
+            return PendingSum(skinny_linear(x, weight, defer=True), bias, residual, (lora.parts, lora.weights))
+        if shrink_next is not None:
+            return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out, lora=lora,
+                                 shrink_next=shrink_next.weights, next_parts=shrink_next.parts)
 
         if defer and lora_in_norm and isinstance(lora, LoraWeights) and max(weight.shape) <= NORM_MAX_FEATURES:
             return PendingSum(skinny_linear(x, weight, defer=True), bias, residual,
@@ -93,6 +113,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
         return gelu_columns(F.linear(x, weight, bias), act, act_from, out)
     return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out)
+
+
+def down_lora_in_norm(x: torch.Tensor, gate_up: torch.Tensor, lora) -> LoraShrunk | None:
+    """Where the down projection's shrink can start in the SwiGLU GEMM before it (x [rows, K] into
+    the gate_up weight; `lora` a layer's LayerLora, whose gate_up is then a LoraDelta from the norm):
+    the LoraShrunk both GEMMs take; else None."""
+    if lora is None or not isinstance(lora["gate_up"], LoraDelta) or x.shape[0] > MAX_ROWS:
+        return None
+    from .skinny_gemm import next_shrink_parts
+
+    down = lora["down"]
+    if down.b.shape[1] > NORM_MAX_FEATURES or rank_block(down.a.shape[1]) * (down.a.shape[0] - 1) > 256:
+        return None  # (the norm's row too wide; the tiles' products over all slots' rank columns too wide)
+    parts = next_shrink_parts(x, gate_up, down.a.shape[1])
+    if parts is None or parts.shape[0] > 512:  # (split K; more tiles' shares than a norm's program sums)
+        return None
+    return LoraShrunk(parts, down._replace(slots=down.slots[: x.shape[0]]))
 
 
 def _linear_with_lora(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None,

@@ -130,6 +130,34 @@ if HAS_TRITON:
         return acc
 
     @triton.jit
+    def lora_shrink_operand(a_ptr, rank_ptr, slots, rk, K, stride_as, stride_ar, NUM_SLOTS: tl.constexpr,
+                            SLOTS_P2: tl.constexpr, BLOCK_W: tl.constexpr):
+        """For the features rk, every present slot's A side by side ([SLOTS_P2 * BLOCK_W, features],
+        row s * BLOCK_W + j = slot s + 1's rank row j; zero past a slot's rank): `lora_shrink_part`'s
+        operand, loaded before a GEMM's main loop."""
+        cols = tl.arange(0, SLOTS_P2 * BLOCK_W)
+        col_slot = cols // BLOCK_W + 1
+        present = tl.max((slots[:, None] == col_slot[None, :]).to(tl.int32), axis=0) > 0
+        rank = tl.load(rank_ptr + col_slot, mask=col_slot <= NUM_SLOTS, other=0)
+        ok = present & (cols % BLOCK_W < rank)
+        return tl.load(a_ptr + col_slot[:, None] * stride_as + (cols % BLOCK_W)[:, None] * stride_ar + rk[None, :],
+                       mask=ok[:, None] & (rk[None, :] < K), other=0.0)
+
+    @triton.jit
+    def lora_shrink_part(h, slots, a, SLOTS_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr,
+                         UPCAST: tl.constexpr):
+        """fp32 [rows, BLOCK_W]: each row's share of its slot's shrink from the features a GEMM's
+        tile holds (h [rows, features], `lora_shrink_operand`'s a): the shrink of the projection
+        after it, summed over the tiles by the norm that finishes that projection's sum."""
+        if a.shape[1] >= 16:
+            full = _dot(h.to(a.dtype), a, UPCAST)
+        else:  # (a tile narrower than a product takes: tiny models)
+            full = tl.sum(h.to(tl.float32)[:, None, :] * a.to(tl.float32)[None, :, :], axis=2)
+        full = tl.reshape(full, [BLOCK_M, SLOTS_P2, BLOCK_W])
+        mine = slots[:, None, None] == tl.arange(1, SLOTS_P2 + 1)[None, :, None]
+        return tl.sum(tl.where(mine, full, 0.0), axis=1)
+
+    @triton.jit
     def _shrink_kernel(x_ptr, a_ptr, rank_ptr, slot_ptr, vp_ptr, v_ptr, arrivals_ptr, T, K, R, K_SPLIT, stride_x,
                        stride_as, stride_ar, stride_vs, stride_vp, stride_v, NUM_SLOTS: tl.constexpr,
                        SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,

@@ -23,15 +23,17 @@ from .lora import LoraDelta, LoraWeights, rank_block
 @triton.jit
 def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr, slot_ptr,
                  ph_ptr, pa_ptr, pb_ptr, prank_ptr, na_ptr, nrank_ptr, v_ptr,
-                 rows, D, KP, NR, eps, stride_x, stride_o, stride_ph, stride_pas, stride_par, stride_pbs, stride_pbn,
-                 stride_nas, stride_nar, stride_v,
+                 rows, D, KP, NR, eps, stride_x, stride_o, stride_ph, stride_phr, stride_pas, stride_par, stride_pbs,
+                 stride_pbn, stride_nas, stride_nar, stride_v,
                  RMS: tl.constexpr, SPLITS: tl.constexpr, PART_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
-                 PREV_LORA: tl.constexpr, BLOCK_KP: tl.constexpr, BLOCK_PR: tl.constexpr,
+                 PREV_LORA: tl.constexpr, PREV_PARTS: tl.constexpr, BLOCK_KP: tl.constexpr, BLOCK_PR: tl.constexpr,
                  NEXT_LORA: tl.constexpr, BLOCK_NR: tl.constexpr, PDL: tl.constexpr):
     """SPLITS > 0 or PART_BIAS: x_ptr holds a residual; the norm is of x = residual + (the sum of the
     SPLITS partials at part_ptr + bias), which is also stored at sum_ptr ([rows, D], contiguous).
     PREV_LORA: the GEMM that left the partials had an adapter, whose delta for this row (its input
-    row at ph_ptr, KP features; A and B stacks, the row's slot) joins the sum before the bias.
+    row at ph_ptr, KP features; A and B stacks, the row's slot) joins the sum before the bias;
+    PREV_PARTS: ph_ptr holds instead the shrink's shares of KP tiles of the GEMM before that one
+    (linear.LoraShrunk), summed here into v.
     NEXT_LORA: the shrink of the projection after the norm, v = out @ A[slot].T (rounded), into
     v_ptr: the GEMM then only expands (kernels.lora.LoraDelta)."""
     row = tl.program_id(0)
@@ -43,8 +45,9 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
         pr = tl.arange(0, BLOCK_PR)
         kp = tl.arange(0, BLOCK_KP)
         prank = tl.load(prank_ptr + slot)
-        pa = tl.load(pa_ptr + slot * stride_pas + pr[:, None] * stride_par + kp[None, :],
-                     mask=(pr[:, None] < prank) & (kp[None, :] < KP), other=0.0)
+        if not PREV_PARTS:
+            pa = tl.load(pa_ptr + slot * stride_pas + pr[:, None] * stride_par + kp[None, :],
+                         mask=(pr[:, None] < prank) & (kp[None, :] < KP), other=0.0)
         pb = tl.load(pb_ptr + slot * stride_pbs + cols[None, :] * stride_pbn + pr[:, None],
                      mask=(pr[:, None] < prank) & ok[None, :], other=0.0)
     if PDL:  # (see skinny_gemm)
@@ -55,8 +58,14 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
         for s in tl.static_range(SPLITS):
             acc += tl.load(part_ptr + (s * rows + row) * D + cols, mask=ok, other=0.0)
         if PREV_LORA:  # (v rounded to the activation dtype, as kernels.lora's reference rounds it)
-            h = tl.load(ph_ptr + row * stride_ph + kp, mask=kp < KP, other=0.0).to(tl.float32)
-            v = tl.sum(pa.to(tl.float32) * h[None, :], axis=1).to(x_ptr.dtype.element_ty).to(tl.float32)
+            if PREV_PARTS:
+                parts = tl.load(ph_ptr + kp[None, :] * stride_ph + row * stride_phr + pr[:, None],
+                                mask=(kp[None, :] < KP) & (pr[:, None] < prank), other=0.0)
+                v = tl.sum(parts, axis=1)
+            else:
+                h = tl.load(ph_ptr + row * stride_ph + kp, mask=kp < KP, other=0.0).to(tl.float32)
+                v = tl.sum(pa.to(tl.float32) * h[None, :], axis=1)
+            v = v.to(x_ptr.dtype.element_ty).to(tl.float32)
             acc += tl.sum(pb.to(tl.float32) * v[:, None], axis=0)
         if PART_BIAS:
             acc += tl.load(part_bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
@@ -94,17 +103,20 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
     parts, part_bias = (pending.partials, pending.bias) if pending is not None else (None, None)
     prev = pending.lora if pending is not None else None
     ph, (pa, pb, prank, pslots) = prev if prev is not None else (x, (x[None], x[None], x, x))
+    from_parts = ph.dim() == 3  # (a LoraShrunk's parts [tiles, rows, width]: KP counts the tiles)
+    kp, stride_ph, stride_phr = ((ph.shape[0], ph.stride(0), ph.stride(1)) if from_parts
+                                 else (ph.shape[1], ph.stride(0), 0))
     slots = pslots if prev is not None else shrink.slots if shrink is not None else x
     na, _, nrank, _ = shrink if shrink is not None else (x[None], None, x, None)
     v = torch.empty((rows, na.shape[1]), dtype=x.dtype, device=x.device) if shrink is not None else x
     _norm_kernel[(rows,)](x, weight, weight if bias is None else bias, out, x if parts is None else parts,
                           weight if part_bias is None else part_bias, out if total is None else total, slots,
-                          ph, pa, pb, prank, na, nrank, v, rows, d, ph.shape[1], na.shape[1], eps,
-                          x.stride(0), out.stride(0), ph.stride(0), pa.stride(0), pa.stride(1), pb.stride(0),
+                          ph, pa, pb, prank, na, nrank, v, rows, d, kp, na.shape[1], eps,
+                          x.stride(0), out.stride(0), stride_ph, stride_phr, pa.stride(0), pa.stride(1), pb.stride(0),
                           pb.stride(1), na.stride(0), na.stride(1), v.stride(0),
                           RMS=rms, SPLITS=0 if parts is None else parts.shape[0], PART_BIAS=part_bias is not None,
-                          BLOCK_D=block, PREV_LORA=prev is not None,
-                          BLOCK_KP=triton.next_power_of_2(ph.shape[1]) if prev is not None else 16,
+                          BLOCK_D=block, PREV_LORA=prev is not None, PREV_PARTS=from_parts,
+                          BLOCK_KP=triton.next_power_of_2(kp) if prev is not None else 16,
                           BLOCK_PR=rank_block(pa.shape[1]) if prev is not None else 16, NEXT_LORA=shrink is not None,
                           BLOCK_NR=rank_block(na.shape[1]) if shrink is not None else 16,
                           num_warps=min(8, max(1, block // 256)) * (2 if prev is not None or shrink is not None else 1),

@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from . import INTERPRET, arrival_counters, pdl_args, sm_count
-from .lora import (LoraDelta, lora_b, lora_delta, lora_delta_by_slot, lora_rows, lora_spread_rows, one_product,
-                   rank_block)
+from .lora import (LoraDelta, LoraWeights, lora_b, lora_delta, lora_delta_by_slot, lora_rows, lora_shrink_operand,
+                   lora_shrink_part, lora_spread_rows, one_product, rank_block)
 
 ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2, "swiglu": 3}
 
@@ -52,6 +52,7 @@ def _gelu(y, ACT: tl.constexpr):
 def _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype: tl.constexpr,
               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr):
+    """The output tile (bias, activation, residual, rounding), stored and returned as stored."""
     row_ok = rm < M
     y = acc
     if HAS_BIAS:
@@ -69,7 +70,9 @@ def _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm
     if HAS_RES:
         y = y.to(act_dtype).to(tl.float32)
         y += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+    y = y.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y, mask=mask)
+    return y
 
 
 @triton.jit
@@ -80,13 +83,17 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, DEFER: tl.constexpr,
                           LORA_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, ONE_PRODUCT: tl.constexpr,
-                          BLOCK_R: tl.constexpr, PDL: tl.constexpr):
+                          BLOCK_R: tl.constexpr, na_ptr, nrank_ptr, npart_ptr, NK, stride_nas, stride_nar,
+                          NEXT_W: tl.constexpr, PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
     sums the partials in split order (deterministic), runs the epilogue and resets the counter.
     DEFER: every program only leaves its partial; the next kernel sums them (linear.PendingSum).
     LORA_SLOTS > 0: the programs of the first K range add each row's adapter delta (kernels.lora), in
-    one product over all slots, their B loaded before the main loop (ONE_PRODUCT), or one a slot."""
+    one product over all slots, their B loaded before the main loop (ONE_PRODUCT), or one a slot.
+    NEXT_W > 0 (SwiGLU, one K range, with LORA_SLOTS): each program also leaves its tile's share of
+    the next projection's shrink, from its outputs as stored ([tiles, M, NEXT_W] fp32 at npart_ptr;
+    kernels.lora.lora_shrink_part), which the norm finishing that projection's sum adds up."""
     act_dtype = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -107,6 +114,10 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             lb = lora_b(lb_ptr, rank_ptr, slots, rn, N, stride_lbs, stride_lbn, LORA_SLOTS, SLOTS_P2, BLOCK_R)
         else:
             slots, v = lora_rows(v_ptr, slot_ptr, rm, rows, V_WIDTH, stride_v, BLOCK_R)
+    if NEXT_W > 0:
+        rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)  # (the next projection's input features here)
+        next_a = lora_shrink_operand(na_ptr, nrank_ptr, slots, rh, NK, stride_nas, stride_nar, LORA_SLOTS, SLOTS_P2,
+                                     NEXT_W)
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
         kk = k0 + rk
         w_ptrs = w_ptr + rn[:, None] * stride_wn + kk[None, :]
@@ -135,8 +146,12 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     if DEFER:
         tl.store(partial_ptr + pid_k * M * N + tile, acc, mask=tile_ok)
     elif SPLIT_K == 1:
-        _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
-                  HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
+        y = _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
+                      HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
+        if NEXT_W > 0:
+            part = lora_shrink_part(y, slots, next_a, SLOTS_P2, BLOCK_M, NEXT_W, UPCAST)
+            tl.store(npart_ptr + (pid_n * M + rm[:, None]) * NEXT_W + tl.arange(0, NEXT_W)[None, :], part,
+                     mask=row_ok[:, None])
     else:
         tl.store(partial_ptr + pid_k * M * N + tile, acc, mask=tile_ok)
         tl.debug_barrier()  # every thread's partial is written before the arrival is counted
@@ -147,6 +162,17 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
                       HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
             tl.atomic_xchg(arrivals_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
+
+
+def next_shrink_parts(x: torch.Tensor, weight: torch.Tensor, width: int, config: Config | None = None
+                      ) -> torch.Tensor | None:
+    """The buffer a SwiGLU GEMM's `shrink_next` fills ([tiles, rows, rank block] fp32), or None where
+    it cannot start that shrink (split K)."""
+    cfg = config or default_config(x.shape[0], weight.shape[0], x.shape[1])
+    if cfg.split_k > 1:
+        return None
+    return torch.empty((triton.cdiv(weight.shape[0], cfg.block_n), x.shape[0], rank_block(width)),
+                       dtype=torch.float32, device=x.device)
 
 
 def default_config(m: int, n: int, k: int, defer: bool = False) -> Config:
@@ -172,12 +198,15 @@ def default_config(m: int, n: int, k: int, defer: bool = False) -> Config:
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
                   residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
                   out: torch.Tensor | None = None, config: Config | None = None, defer: bool = False,
-                  lora: LoraDelta | None = None) -> torch.Tensor:
+                  lora: LoraDelta | None = None, shrink_next: LoraWeights | None = None,
+                  next_parts: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K], weight [N, K] -> [M, N] with M <= 64 ([M, N / 2] for "swiglu", whose weight rows
     interleave gate and up); GELU applies to output columns from `act_from` on. Rows of x,
     residual and out may be strided; features must be contiguous. `defer`: x @ W.T only, returned as
     its split-K partials [splits, M, N] (fp32) for the next kernel to sum (see linear.PendingSum).
-    `lora`: each row's adapter delta, added to x @ W.T (before the bias and the activation)."""
+    `lora`: each row's adapter delta, added to x @ W.T (before the bias and the activation).
+    `shrink_next` (with "swiglu" and `lora`): the next projection's adapters, whose shrink each
+    output tile starts into `next_parts` ([tiles, M, width] fp32, `next_shrink_parts`)."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= 64 and weight.shape[1] == k, (x.shape, weight.shape)
@@ -197,12 +226,19 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     v, lb, ranks, slots = lora if lora is not None else (x, weight[None], x, x)
     block_r = rank_block(v.shape[1]) if lora is not None else 16
     slots_p2 = triton.next_power_of_2(max(1, lb.shape[0] - 1))
+    na, _, nranks, _ = shrink_next if shrink_next is not None else (x[None], None, x, None)
+    next_w = rank_block(na.shape[1]) if shrink_next is not None else 0
+    if shrink_next is not None:
+        assert act == "swiglu" and cfg.split_k == 1 and lora is not None
+        assert next_parts.shape == (tiles, m, next_w), next_parts.shape
     _skinny_linear_kernel[(tiles, cfg.split_k)](
         x, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
         partial, arrivals, v, lb, ranks, slots, m, n, k, k_split, act_from, v.shape[1],
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         v.stride(0), lb.stride(0), lb.stride(1), LORA_SLOTS=lb.shape[0] - 1, SLOTS_P2=slots_p2,
-        ONE_PRODUCT=lora is not None and one_product(lb.shape[0] - 1, v.shape[1]), BLOCK_R=block_r,
+        ONE_PRODUCT=lora is not None and one_product(lb.shape[0] - 1, v.shape[1]), BLOCK_R=block_r, na_ptr=na,
+        nrank_ptr=nranks, npart_ptr=next_parts if next_parts is not None else out, NK=na.shape[2],
+        stride_nas=na.stride(0), stride_nar=na.stride(1), NEXT_W=next_w,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
