@@ -109,6 +109,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
     slots = pslots if prev is not None else shrink.slots if shrink is not None else x
     na, _, nrank, _ = shrink if shrink is not None else (x[None], None, x, None)
     v = torch.empty((rows, na.shape[1]), dtype=x.dtype, device=x.device) if shrink is not None else x
+    # (an RMSNorm runs twice the warps, with or without an adapter's tiles, which need the registers:
+    # its reductions follow the warps, so a row without an adapter stays the plain norm's bit for bit)
     _norm_kernel[(rows,)](x, weight, weight if bias is None else bias, out, x if parts is None else parts,
                           weight if part_bias is None else part_bias, out if total is None else total, slots,
                           ph, pa, pb, prank, na, nrank, v, rows, d, kp, na.shape[1], eps,
@@ -119,7 +121,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
                           BLOCK_KP=triton.next_power_of_2(kp) if prev is not None else 16,
                           BLOCK_PR=rank_block(pa.shape[1]) if prev is not None else 16, NEXT_LORA=shrink is not None,
                           BLOCK_NR=rank_block(na.shape[1]) if shrink is not None else 16,
-                          num_warps=min(8, max(1, block // 256)) * (2 if prev is not None or shrink is not None else 1),
+                          num_warps=min(8, max(1, block // 256)) * (2 if rms else 1),
                           **pdl_args())
     delta = None if shrink is None else LoraDelta(v, shrink.b, shrink.ranks, shrink.slots[:rows])
     return out, delta
