@@ -27,7 +27,7 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
                  stride_pbn, stride_nas, stride_nar, stride_v,
                  RMS: tl.constexpr, SPLITS: tl.constexpr, PART_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
                  PREV_LORA: tl.constexpr, PREV_PARTS: tl.constexpr, BLOCK_KP: tl.constexpr, BLOCK_PR: tl.constexpr,
-                 NEXT_LORA: tl.constexpr, BLOCK_NR: tl.constexpr, PDL: tl.constexpr):
+                 NEXT_LORA: tl.constexpr, PDL: tl.constexpr):
     """SPLITS > 0 or PART_BIAS: x_ptr holds a residual; the norm is of x = residual + (the sum of the
     SPLITS partials at part_ptr + bias), which is also stored at sum_ptr ([rows, D], contiguous).
     PREV_LORA: the GEMM that left the partials had an adapter, whose delta for this row (its input
@@ -35,12 +35,22 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
     PREV_PARTS: ph_ptr holds instead the shrink's shares of KP tiles of the GEMM before that one
     (linear.LoraShrunk), summed here into v.
     NEXT_LORA: the shrink of the projection after the norm, v = out @ A[slot].T (rounded), into
-    v_ptr: the GEMM then only expands (kernels.lora.LoraDelta)."""
+    v_ptr: the GEMM then only expands (kernels.lora.LoraDelta). Program (row, c) computes its 16 rank
+    columns from c * 16 on, its A tile loaded before the wait; each program normalizes the row, the
+    first stores it (a row's shrink in one program ran its tiles one after another: ~8 µs a norm
+    against 1.5 on the H200)."""
     row = tl.program_id(0)
+    chunk = tl.program_id(1)
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
+    first = chunk == 0
     if PREV_LORA or NEXT_LORA:
         slot = tl.load(slot_ptr + row)
+    if NEXT_LORA:
+        nrank = tl.load(nrank_ptr + slot)
+        rr = chunk * 16 + tl.arange(0, 16)
+        a = tl.load(na_ptr + slot * stride_nas + rr[:, None] * stride_nar + cols[None, :],
+                    mask=(rr[:, None] < nrank) & ok[None, :], other=0.0)
     if PREV_LORA:  # (its weights' loads issued before the wait: they come from no kernel of the step)
         pr = tl.arange(0, BLOCK_PR)
         kp = tl.arange(0, BLOCK_KP)
@@ -70,7 +80,7 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
         if PART_BIAS:
             acc += tl.load(part_bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
         x = (acc.to(x_ptr.dtype.element_ty).to(tl.float32) + x).to(x_ptr.dtype.element_ty)
-        tl.store(sum_ptr + row * D + cols, x, mask=ok)
+        tl.store(sum_ptr + row * D + cols, x, mask=ok & first)
         x = x.to(tl.float32)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     if RMS:
@@ -83,15 +93,10 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     y = y.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * stride_o + cols, y, mask=ok)
-    if NEXT_LORA:  # 16 rank columns at a time (a whole [rank, D] tile would not fit the registers)
-        nrank = tl.load(nrank_ptr + slot)
-        rr = tl.arange(0, 16)
-        for r0 in tl.static_range(0, BLOCK_NR, 16):
-            a = tl.load(na_ptr + slot * stride_nas + (r0 + rr)[:, None] * stride_nar + cols[None, :],
-                        mask=((r0 + rr)[:, None] < nrank) & ok[None, :], other=0.0)
-            v = tl.sum(a.to(tl.float32) * y.to(tl.float32)[None, :], axis=1)
-            tl.store(v_ptr + row * stride_v + r0 + rr, v.to(v_ptr.dtype.element_ty), mask=r0 + rr < NR)
+    tl.store(out_ptr + row * stride_o + cols, y, mask=ok & first)
+    if NEXT_LORA:
+        v = tl.sum(a.to(tl.float32) * y.to(tl.float32)[None, :], axis=1)
+        tl.store(v_ptr + row * stride_v + rr, v.to(v_ptr.dtype.element_ty), mask=rr < NR)
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool,
@@ -111,18 +116,17 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
     v = torch.empty((rows, na.shape[1]), dtype=x.dtype, device=x.device) if shrink is not None else x
     # (an RMSNorm runs twice the warps, with or without an adapter's tiles, which need the registers:
     # its reductions follow the warps, so a row without an adapter stays the plain norm's bit for bit)
-    _norm_kernel[(rows,)](x, weight, weight if bias is None else bias, out, x if parts is None else parts,
-                          weight if part_bias is None else part_bias, out if total is None else total, slots,
-                          ph, pa, pb, prank, na, nrank, v, rows, d, kp, na.shape[1], eps,
-                          x.stride(0), out.stride(0), stride_ph, stride_phr, pa.stride(0), pa.stride(1), pb.stride(0),
-                          pb.stride(1), na.stride(0), na.stride(1), v.stride(0),
-                          RMS=rms, SPLITS=0 if parts is None else parts.shape[0], PART_BIAS=part_bias is not None,
-                          BLOCK_D=block, PREV_LORA=prev is not None, PREV_PARTS=from_parts,
-                          BLOCK_KP=triton.next_power_of_2(kp) if prev is not None else 16,
-                          BLOCK_PR=rank_block(pa.shape[1]) if prev is not None else 16, NEXT_LORA=shrink is not None,
-                          BLOCK_NR=rank_block(na.shape[1]) if shrink is not None else 16,
-                          num_warps=min(8, max(1, block // 256)) * (2 if rms else 1),
-                          **pdl_args())
+    grid = (rows, triton.cdiv(na.shape[1], 16) if shrink is not None else 1)
+    _norm_kernel[grid](x, weight, weight if bias is None else bias, out, x if parts is None else parts,
+                       weight if part_bias is None else part_bias, out if total is None else total, slots,
+                       ph, pa, pb, prank, na, nrank, v, rows, d, kp, na.shape[1], eps,
+                       x.stride(0), out.stride(0), stride_ph, stride_phr, pa.stride(0), pa.stride(1), pb.stride(0),
+                       pb.stride(1), na.stride(0), na.stride(1), v.stride(0),
+                       RMS=rms, SPLITS=0 if parts is None else parts.shape[0], PART_BIAS=part_bias is not None,
+                       BLOCK_D=block, PREV_LORA=prev is not None, PREV_PARTS=from_parts,
+                       BLOCK_KP=triton.next_power_of_2(kp) if prev is not None else 16,
+                       BLOCK_PR=rank_block(pa.shape[1]) if prev is not None else 16, NEXT_LORA=shrink is not None,
+                       num_warps=min(8, max(1, block // 256)) * (2 if rms else 1), **pdl_args())
     delta = None if shrink is None else LoraDelta(v, shrink.b, shrink.ranks, shrink.slots[:rows])
     return out, delta
 
