@@ -16,13 +16,20 @@ delta to the accumulator before the bias, the activation and the residual (kerne
 decode step pays one launch per adapted projection, not three, and keeps SwiGLU and the deferred
 residual sum fused; elsewhere (prefill steps) in an expand kernel of its own after cuBLAS.
 
+A Llama-family decode step launches no LoRA kernel at all: the RMSNorm before qkv and before
+gate_up computes their shrink (a program per row and 16 rank columns, kernels.norm.rms_norm_shrink),
+the RMSNorm after o adds o's whole delta, gate_up's SwiGLU tiles each leave their share of down's
+shrink (`lora_shrink_operand`, `lora_shrink_part`) and the RMSNorm after down sums the shares and
+adds its delta (kernels.linear's `lora_in_norm`, `LoraShrunk`).
+
 Why: a decode step has one or two row tiles. Looping over the slots and all the features inside
 each row tile's program, the H200 measured a Qwen2.5-0.5B decode step with 8 adapters over 32 rows
 at 11x the step without LoRA; splitting the features alone at 3.8x; slots in the grid and at most
 MAX_SPLITS partials, which the expand summed chunk by chunk of the rank, at 3.1x, with the expand
 at 6-15 µs a projection, a chain of dependent loads; in the GEMM's epilogue, a product per slot,
-at 2.3x; one product over all slots, B loaded before the main loop, at 2.0x (docs/benchmarks.md,
-runs p, q, a and b; a step with no adapter row runs without these kernels). Slot 0 is no
+at 2.3x; one product over all slots, B loaded before the main loop, at 2.0x; the shrinks and the
+deferred deltas in the norms, at 1.74x (docs/benchmarks.md, runs p, q, a, b and c; a step with no
+adapter row runs without any of this). Slot 0 is no
 adapter: its rows get nothing added. Each slot's packed rank (`ranks`) bounds the reads: adapters
 of low rank read only their own columns of the stacks sized for the largest.
 
