@@ -1,4 +1,5 @@
-"""Triton: RMSNorm and LayerNorm over rows of hidden states, one launch, one program per row.
+"""Triton: RMSNorm and LayerNorm over rows of hidden states, one launch, a program per row (and per 16
+rank columns of a LoRA shrink it computes).
 
 RMSNorm as transformers computes it (normalize in fp32, cast to the input dtype, then scale by
 the weight in that dtype): the torch expression `w * F.rms_norm(x.float()).to(dtype)` costs four
@@ -8,7 +9,9 @@ skinny_gemm). An RMSNorm may also finish the GEMM before it (`add_rms_norm`, lin
 x = residual + (sum of the split-K partials + bias), rounded as the GEMM's epilogue rounds, is
 written out and normalized in the same program; a LayerNorm may finish a residual add the same
 way (`add_layer_norm`, the vision tower's blocks), or a bias add (`pending_layer_norm`: Phi's wide
-steps leave their output bias to the next norm)."""
+steps leave their output bias to the next norm). In a decode step with adapters an RMSNorm also
+takes LoRA's work (kernels.lora): the delta of the GEMM before it, and the shrink of the one after
+(`rms_norm_shrink`), so no LoRA kernel of its own launches."""
 from __future__ import annotations
 
 import torch
