@@ -317,6 +317,9 @@ def _rename(tensors, old, new):
     (lambda c, t: c.update(modules_to_save=["lm_head"]), "modules_to_save"),
     (lambda c, t: t.update({"base_model.model.model.layers.9.self_attn.q_proj.lora_A.weight": torch.zeros(4, 8)}),
      "for layer 9"),
+    (lambda c, t: next(v for k, v in t.items() if "v_proj.lora_B" in k).view(-1)[3].fill_(float("nan")),
+     "lora_B holds NaN or inf"),
+    (lambda c, t: c.update(lora_alpha=1e300), "overflow"),
 ])
 def test_bad_adapters_are_refused_with_errors_naming_the_problem(family, tmp_path, edit, message):
     tm, root, refs = family

@@ -92,12 +92,22 @@ def read_adapter(name: str, path: str | Path, targets: list[dict[str, LoraTarget
             if at + r > a.shape[0]:
                 raise ValueError(f"{where}: the adapter's ranks of this projection add up to more than "
                                  f"{target.capacity} x max_lora_rank")
+            # (the expand multiplies every present slot's B in one product: a NaN or inf in one adapter
+            # would reach the other rows of its steps, 0 * inf being NaN)
+            for which, t in ab.items():
+                if not torch.isfinite(t).all():
+                    raise ValueError(f"{where}: lora_{which} holds NaN or inf values")
             part = target.parts[module]
             a[at:at + r, part.inputs] = ab["A"].float()
             b[part.outputs, at:at + r] = ab["B"].float() * _scaling(cfg, paths[(layer, module)], r)
             at += r
             rank = max(rank, r)
-        packed[(layer, target_name)] = (a.to(dtype), b.to(dtype), at)
+        a, b = a.to(dtype), b.to(dtype)
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise ValueError(f"{weights_file}: the {target_name} weights of layer {layer}, scaled by lora_alpha / r, "
+                             f"overflow {dtype}: check lora_alpha in adapter_config.json (in float16, or serve in "
+                             "bfloat16)")
+        packed[(layer, target_name)] = (a, b, at)
     return PackedAdapter(name, str(path), rank, packed)
 
 
