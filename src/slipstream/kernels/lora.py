@@ -29,9 +29,9 @@ MAX_SPLITS partials, which the expand summed chunk by chunk of the rank, at 3.1x
 at 6-15 µs a projection, a chain of dependent loads; in the GEMM's epilogue, a product per slot,
 at 2.3x; one product over all slots, B loaded before the main loop, at 2.0x; the shrinks and the
 deferred deltas in the norms, at 1.74x (docs/benchmarks.md, runs p, q, a, b and c; a step with no
-adapter row runs without any of this). Slot 0 is no
-adapter: its rows get nothing added. Each slot's packed rank (`ranks`) bounds the reads: adapters
-of low rank read only their own columns of the stacks sized for the largest.
+adapter row runs without any of this). Slot 0 is no adapter: its rows get nothing added. Each
+slot's packed rank (`ranks`) bounds the reads: adapters of low rank read only their own columns of
+the stacks sized for the largest.
 
 The torch reference rounds as the expand kernel does: v is rounded to the activation dtype, the
 product accumulated in fp32 onto base read in fp32, rounded once."""
