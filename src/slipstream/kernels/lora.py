@@ -100,17 +100,24 @@ if HAS_TRITON:
         return slots, tl.load(v_ptr + rm[:, None] * stride_v + (cols % BLOCK_R)[None, :], mask=mine, other=0.0)
 
     @triton.jit
+    def _rank_columns(slots, rank_ptr, NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, BLOCK_R: tl.constexpr):
+        """Every slot's rank columns side by side (column s * BLOCK_R + j = slot s + 1's rank column j):
+        each column's slot, its j, and whether it is read (its slot held by one of the rows `slots`,
+        j below that slot's rank)."""
+        cols = tl.arange(0, SLOTS_P2 * BLOCK_R)
+        col_slot = cols // BLOCK_R + 1
+        present = tl.max((slots[:, None] == col_slot[None, :]).to(tl.int32), axis=0) > 0
+        rank = tl.load(rank_ptr + col_slot, mask=col_slot <= NUM_SLOTS, other=0)
+        return col_slot, cols % BLOCK_R, present & (cols % BLOCK_R < rank)
+
+    @triton.jit
     def lora_b(b_ptr, rank_ptr, slots, rn, N, stride_bs, stride_bn, NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr,
                BLOCK_R: tl.constexpr):
         """For the columns rn, every slot's B side by side ([columns, SLOTS_P2 * BLOCK_R], column s *
         BLOCK_R + j = slot s + 1's rank column j; zero past a slot's rank and for slots no row of the
         tile holds): `lora_delta`'s operand, loaded before a GEMM's main loop."""
-        cols = tl.arange(0, SLOTS_P2 * BLOCK_R)
-        col_slot = cols // BLOCK_R + 1
-        present = tl.max((slots[:, None] == col_slot[None, :]).to(tl.int32), axis=0) > 0
-        rank = tl.load(rank_ptr + col_slot, mask=col_slot <= NUM_SLOTS, other=0)
-        ok = present & (cols % BLOCK_R < rank)
-        return tl.load(b_ptr + col_slot[None, :] * stride_bs + rn[:, None] * stride_bn + (cols % BLOCK_R)[None, :],
+        col_slot, j, ok = _rank_columns(slots, rank_ptr, NUM_SLOTS, SLOTS_P2, BLOCK_R)
+        return tl.load(b_ptr + col_slot[None, :] * stride_bs + rn[:, None] * stride_bn + j[None, :],
                        mask=ok[None, :] & (rn[:, None] < N), other=0.0)
 
     @triton.jit
@@ -142,12 +149,8 @@ if HAS_TRITON:
         """For the features rk, every present slot's A side by side ([SLOTS_P2 * BLOCK_W, features],
         row s * BLOCK_W + j = slot s + 1's rank row j; zero past a slot's rank): `lora_shrink_part`'s
         operand, loaded before a GEMM's main loop."""
-        cols = tl.arange(0, SLOTS_P2 * BLOCK_W)
-        col_slot = cols // BLOCK_W + 1
-        present = tl.max((slots[:, None] == col_slot[None, :]).to(tl.int32), axis=0) > 0
-        rank = tl.load(rank_ptr + col_slot, mask=col_slot <= NUM_SLOTS, other=0)
-        ok = present & (cols % BLOCK_W < rank)
-        return tl.load(a_ptr + col_slot[:, None] * stride_as + (cols % BLOCK_W)[:, None] * stride_ar + rk[None, :],
+        col_slot, j, ok = _rank_columns(slots, rank_ptr, NUM_SLOTS, SLOTS_P2, BLOCK_W)
+        return tl.load(a_ptr + col_slot[:, None] * stride_as + j[:, None] * stride_ar + rk[None, :],
                        mask=ok[:, None] & (rk[None, :] < K), other=0.0)
 
     @triton.jit

@@ -134,6 +134,14 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
     return out, delta
 
 
+def _launch_pending(pending: PendingSum, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool,
+                    shrink: LoraWeights | None = None) -> tuple[torch.Tensor, torch.Tensor, LoraDelta | None]:
+    """(x, norm(x), the shrink's LoraDelta or None) for x = the pending sum, written out by the norm."""
+    residual = pending.residual
+    total = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
+    return (total, *_launch(residual, weight, bias, eps, rms, None, pending, total, shrink))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, D] (rows may be strided, features contiguous) -> [rows, D] in x's dtype."""
     return _launch(x, weight, None, eps, True, out)[0]
@@ -141,9 +149,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
 
 def add_rms_norm(pending: PendingSum, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, rms_norm(x)) for x = the pending sum, in one launch."""
-    residual = pending.residual
-    total = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-    return total, _launch(residual, weight, None, eps, True, None, pending, total)[0]
+    total, normed, _ = _launch_pending(pending, weight, None, eps, True)
+    return total, normed
 
 
 def rms_norm_shrink(x: torch.Tensor | PendingSum, weight: torch.Tensor, eps: float,
@@ -153,9 +160,7 @@ def rms_norm_shrink(x: torch.Tensor | PendingSum, weight: torch.Tensor, eps: flo
     its own; the GEMM after expands)."""
     if not isinstance(x, PendingSum):
         return (x, *_launch(x, weight, None, eps, True, None, shrink=shrink))
-    residual = x.residual
-    total = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-    return (total, *_launch(residual, weight, None, eps, True, None, x, total, shrink))
+    return _launch_pending(x, weight, None, eps, True, shrink)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
@@ -175,6 +180,5 @@ def pending_layer_norm(pending: PendingSum, weight: torch.Tensor, bias: torch.Te
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, layer_norm(x)) for x = the pending sum (partials None: residual + bias, rounded as torch
     adds), in one launch."""
-    residual = pending.residual
-    total = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-    return total, _launch(residual, weight, bias, eps, False, None, pending, total)[0]
+    total, normed, _ = _launch_pending(pending, weight, bias, eps, False)
+    return total, normed
