@@ -96,7 +96,8 @@ def test_sigusr1_prints_every_threads_stack_in_both_processes_and_serving_goes_o
         for pid in (proc.pid, engine_pid(proc.pid)):
             os.kill(pid, signal.SIGUSR1)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and "engine_process.py" not in (tmp_path / "stderr").read_text():
+        while time.monotonic() < deadline and not all(  # (two processes: their dumps land in either order)
+                mark in (tmp_path / "stderr").read_text() for mark in ("uvicorn", "engine_process.py")):
             time.sleep(0.2)
         stacks = (tmp_path / "stderr").read_text()
         assert "uvicorn" in stacks and "engine_process.py" in stacks  # (the API process's, the engine's)
