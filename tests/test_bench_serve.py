@@ -1,7 +1,8 @@
 """`slipstream bench-serve` drives a running server through HTTP: every request of the mixed
 workload is answered with the tokens it asked for, percentages of the capacity measured all at once
 set the Poisson rates, goodput counts the requests within the SLO, the short and md2-query workloads
-and one-at-a-time runs work (with the TTFT split by hop), and a missing server or the wrong model is an error message."""
+and one-at-a-time runs work (with the TTFT split by hop), a burst streams on connections opened
+before its clock starts (unless asked for cold ones), and a missing server or the wrong model is an error message."""
 from __future__ import annotations
 
 import json
@@ -48,6 +49,48 @@ def test_each_rate_sends_new_prompts_of_the_same_lengths():
     assert [(len(a["prompt"]), a["max_tokens"]) for _, a in first] == [(len(b["prompt"]), b["max_tokens"])
                                                                        for _, b in second]
     assert all(a["prompt"] != b["prompt"] for (_, a), (_, b) in zip(first, second))
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_burst_streams_on_connections_opened_before_its_clock(warm):
+    """Each request of a rate-inf run arrives on a connection that already served a GET /health,
+    or, cold, on a new one."""
+    import asyncio
+
+    from aiohttp import web
+
+    from slipstream.bench.serve import _run_rate
+
+    served_health, fresh = set(), []
+
+    async def health(request):
+        served_health.add(id(request.transport))
+        return web.json_response({"status": "ok"})
+
+    async def completions(request):
+        fresh.append(id(request.transport) not in served_health)
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"text": "a"}], "usage": {"prompt_tokens": 1, '
+                             b'"completion_tokens": 1}}\n\ndata: [DONE]\n\n')
+        return response
+
+    async def run():
+        app = web.Application()
+        app.add_routes([web.get("/health", health), web.post("/v1/completions", completions)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            requests = [("/v1/completions", {"prompt": [1], "max_tokens": 1})] * 6
+            return await _run_rate(f"http://127.0.0.1:{port}", {}, requests, float("inf"), 0, warm_connections=warm)
+        finally:
+            await runner.cleanup()
+
+    timings, _ = asyncio.run(run())
+    assert [t.error for t in timings] == [None] * 6 and all(t.chunks for t in timings)
+    assert fresh == [not warm] * 6
 
 
 def test_short_requests_one_at_a_time_an_slo_none_meets_and_where_their_ttft_went(server, tmp_path, capsys):

@@ -146,6 +146,9 @@ def test_malformed_bodies_and_missing_prompts_are_400(server):
     assert httpx.post(server + "/v1/completions", content=b"{not json", headers=AUTH).status_code == 400
     missing = httpx.post(server + "/v1/completions", json={"max_tokens": 3}, headers=AUTH)
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt"
+    for ids in ([1, True, 2], [1, 2.0], [1, "2"], [[1, 2], [3]]):  # (a token id is an int; one prompt a request)
+        bad = httpx.post(server + "/v1/completions", json={"prompt": ids}, headers=AUTH)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt", ids
 
 
 def test_prompts_longer_than_the_context_are_refused_before_tokenization(server):

@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--requests", type=int, default=384)
     s.add_argument("--max-concurrency", type=int, default=None,
                    help="requests in flight at most (1 with rate inf: one at a time, light load)")
+    s.add_argument("--cold-connections", action="store_true",
+                   help="rate inf: open each request's connection after the clock starts (by default a burst's "
+                        "connections are open before it, as clients that keep connections alive hold them)")
     s.add_argument("--prompt-range", type=_csv(int), default=[16, 1024], help="mixed: prompt lengths, uniform")
     s.add_argument("--output-range", type=_csv(int), default=[16, 384], help="mixed: output lengths, uniform")
     s.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput counts requests with TTFT under this")
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             _check_ranges(args)
             serve.run(args.url, args.api_key, args.workload, args.request_rate, args.requests,
                       tuple(args.prompt_range), tuple(args.output_range), args.slo_ttft_ms, args.slo_tpot_ms,
-                      args.label, args.out, args.seed, args.max_concurrency)
+                      args.label, args.out, args.seed, args.max_concurrency, not args.cold_connections)
             return 0
         if args.command == "make-random":
             from .models.random_checkpoint import write_checkpoint

@@ -136,10 +136,14 @@ async def _send(session, url: str, body: dict, timing: Timing) -> None:
 
 
 async def _run_rate(url: str, headers: dict, requests: list[tuple[str, dict]], rate: float, seed: int,
-                    max_concurrency: int | None = None) -> tuple[list[Timing], float]:
+                    max_concurrency: int | None = None, warm_connections: bool = True) -> tuple[list[Timing], float]:
     """Every request streamed at its arrival time. aiohttp, not httpx: httpx's connection pool
     scans every connection on each event, so a few hundred concurrent streams cost the client more
-    CPU than the server (docs/server.md, "The benchmark's client")."""
+    CPU than the server (docs/server.md, "The benchmark's client"). `warm_connections` with rate inf:
+    the connections the requests will stream on are opened before the clock starts, as clients
+    that keep their connections alive hold them; otherwise every request of a burst opens one after
+    it, and a one-process client's TCP handshakes then delay the burst's last requests by hundreds of
+    milliseconds on the CPU machine (docs/server.md, "All at once")."""
     import aiohttp
 
     rng = random.Random(seed)
@@ -151,6 +155,8 @@ async def _run_rate(url: str, headers: dict, requests: list[tuple[str, dict]], r
     base = url.rstrip("/")
     async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=None), read_bufsize=1 << 20) as session:
+        if warm_connections and rate == float("inf"):
+            await _open_connections(session, base, min(len(requests), max_concurrency or len(requests)))
         bar = tqdm(total=len(requests), desc=f"rate {rate:g}", unit="req", leave=False)
         start = time.perf_counter()
 
@@ -171,6 +177,15 @@ async def _run_rate(url: str, headers: dict, requests: list[tuple[str, dict]], r
         wall = time.perf_counter() - start
         bar.close()
     return list(timings), wall
+
+
+async def _open_connections(session, base: str, count: int) -> None:
+    """`count` connections in the session's pool, each having served a GET /health (kept alive)."""
+    async def health() -> None:
+        async with session.get(base + "/health") as r:
+            await r.read()
+
+    await asyncio.gather(*(health() for _ in range(count)))
 
 
 PATH_HOPS = ("api_to_engine", "engine", "engine_to_api")
@@ -251,7 +266,8 @@ def format_table(results: list[ServeResult]) -> str:
 
 def run(url: str, api_key: str | None, workload: str, rates: list[str], count: int, prompt_range: tuple[int, int],
         output_range: tuple[int, int], slo_ttft_ms: float | None, slo_tpot_ms: float | None, label: str,
-        out: Path | None, seed: int = 0, max_concurrency: int | None = None) -> list[ServeResult]:
+        out: Path | None, seed: int = 0, max_concurrency: int | None = None,
+        warm_connections: bool = True) -> list[ServeResult]:
     """Each rate in turn ('inf' first where percentages of its capacity are asked for), at most
     `max_concurrency` requests in flight (1 with rate inf: one at a time, light load); print a
     table, write JSON and a PNG of the latency CDFs."""
@@ -273,13 +289,15 @@ def run(url: str, api_key: str | None, workload: str, rates: list[str], count: i
     def at(rate: float) -> ServeResult:
         requests = _requests(workload, count, prompt_range, output_range, model, seed, next(draws))
         before = _scrape(url, headers)
-        timings, wall = asyncio.run(_run_rate(url, headers, requests, rate, seed + 1, max_concurrency))
+        timings, wall = asyncio.run(_run_rate(url, headers, requests, rate, seed + 1, max_concurrency,
+                                              warm_connections))
         return summarize(workload, label, rate, timings, wall, slo_ttft_ms, slo_tpot_ms,
                          (before, _scrape(url, headers)))
 
     results = at_rates(parse_rates(rates), at)
     print(format_table(results))
     write_report(out, {"url": url, "model": model, "workload": workload, "max_concurrency": max_concurrency,
+                       "warm_connections": warm_connections,
                        "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "results": [asdict(r) for r in results]},
                  lambda png: plot_latencies(results, png))
     return results

@@ -98,7 +98,7 @@ def completion_prompt(body: dict[str, Any], max_model_len: int, max_prompt_bytes
     if isinstance(prompt, str) and prompt:
         _fits(len(prompt.encode()), max_prompt_bytes, "prompt")
         return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:  # (bools and int subclasses refused)
         if len(prompt) >= max_model_len:
             raise FieldError("prompt", f"prompt has {len(prompt)} tokens; the model's context is {max_model_len}, "
                                        f"which leaves no room to generate")
