@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 
@@ -91,6 +92,26 @@ def test_a_burst_streams_on_connections_opened_before_its_clock(warm):
     timings, _ = asyncio.run(run())
     assert [t.error for t in timings] == [None] * 6 and all(t.chunks for t in timings)
     assert fresh == [not warm] * 6
+
+
+def test_two_runs_with_one_seed_send_prompts_the_prefix_cache_never_held(server):
+    """Run twice against one server, the same seed draws the same lengths but new tokens: the
+    second run's throughput is not inflated by the first one's cached pages."""
+    from slipstream.bench.serve import _scrape
+
+    def cached() -> float:
+        import urllib.request
+
+        text = urllib.request.urlopen(server + "/metrics").read().decode()
+        return next(float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith("slipstream_cached_prompt_tokens_total"))
+
+    before = cached()
+    for _ in range(2):
+        assert main(["bench-serve", "--url", server, "--requests", "6", "--prompt-range", "40,60",
+                     "--output-range", "2,2"]) == 0
+    time.sleep(1.0)  # (the engine's figures reach /metrics twice a second)
+    assert _scrape(server, {})["ttft_count"] > 0 and cached() == before
 
 
 def test_short_requests_one_at_a_time_an_slo_none_meets_and_where_their_ttft_went(server, tmp_path, capsys):

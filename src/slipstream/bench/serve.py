@@ -80,7 +80,8 @@ def _requests(workload: str, count: int, prompt_range: tuple[int, int], output_r
               model: dict, seed: int, draw: int) -> list[tuple[str, dict]]:
     """(route, body) of each request, made before the clock starts. `seed` draws the lengths, the
     same for every `draw`; the prompts' tokens and the images are new for each `draw`, so a rate's
-    requests are never served from the prefix cache an earlier rate (or the warm-up) filled."""
+    requests are never served from the prefix cache an earlier rate, an earlier run (`run` draws
+    from a random start) or the warm-up filled."""
     rng, fresh = random.Random(seed), random.Random(f"{seed}:{draw}")
     if workload == "md2-query":
         if not model.get("moondream"):
@@ -282,7 +283,7 @@ def run(url: str, api_key: str | None, workload: str, rates: list[str], count: i
         raise ValueError(f"{url}/v1/models answered {e.code}: {e.read().decode(errors='replace')[:200]}") from None
     except (urllib.error.URLError, OSError) as e:
         raise ValueError(f"no slipstream server answers at {url} ({e}); start one with `slipstream serve`") from None
-    draws = itertools.count()
+    draws = itertools.count(random.SystemRandom().getrandbits(64))  # (a new run draws new prompts too)
     warm_up = _requests(workload, min(8, count), prompt_range, output_range, model, seed, next(draws))
     asyncio.run(_run_rate(url, headers, warm_up, float("inf"), seed))
 
