@@ -4,7 +4,8 @@
 # prometheus-client, httpx, aiohttp, xgrammar and what they need), the GPU tests of the step clock,
 # then per mode, in one call: the offline engine's mixed and one-at-a-time (ttft) workloads, a `slipstream
 # serve` of that mode on the same shape, and bench-serve through it: the mixed workload all at once
-# and at 25/50/90% of its capacity, and one request at a time (128-token prompts, 16 output tokens,
+# and at 25/50/90% of its capacity (connections opened before each burst's clock, then once more
+# with cold ones), and one request at a time (128-token prompts, 16 output tokens,
 # as the offline ttft run) for what the HTTP path adds to TTFT and ITL, with the TTFT split by hop.
 # MODES, OFFLINE_MODES and MODEL pick a subset, TESTS=0 skips the tests. Each step has a time limit; a
 # bench-serve that fails or runs out of time has both server processes print their threads' stacks into
@@ -43,6 +44,8 @@ for mode in ${MODES:-pipelined blocking}; do
     --request-rate inf,25%,50%,90% --label "$mode" --out "$R/serve.$mode.json" 2>"$R/bench-serve.$mode.err" \
     | tee "$R/serve.$mode.txt"
   saturated=${PIPESTATUS[0]}
+  timeout 60 python3 -m slipstream bench-serve --url "http://127.0.0.1:$PORT" --workload mixed --cold-connections \
+    --label "$mode" --out "$R/cold.$mode.json" 2>>"$R/bench-serve.$mode.err" | tee "$R/cold.$mode.txt"
   timeout 60 python3 -m slipstream bench-serve --url "http://127.0.0.1:$PORT" --workload mixed --requests 20 \
     --prompt-range 128,128 --output-range 16,16 --max-concurrency 1 --label "$mode" --out "$R/light.$mode.json" \
     2>>"$R/bench-serve.$mode.err" | tee "$R/light.$mode.txt"
