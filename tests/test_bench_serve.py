@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import urllib.request
 
 import pytest
 
@@ -100,8 +101,6 @@ def test_two_runs_with_one_seed_send_prompts_the_prefix_cache_never_held(server)
     from slipstream.bench.serve import _scrape
 
     def cached() -> float:
-        import urllib.request
-
         text = urllib.request.urlopen(server + "/metrics").read().decode()
         return next(float(line.split()[-1]) for line in text.splitlines()
                     if line.startswith("slipstream_cached_prompt_tokens_total"))
