@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import random
-import time
-import urllib.request
 
 import pytest
 
 pytest.importorskip("aiohttp")
 
-from serving import free_port, start_server, stop_server  # noqa: E402
+from serving import free_port, start_server, stop_server, wait_idle  # noqa: E402
 from slipstream.cli import main  # noqa: E402
 
 
@@ -100,17 +98,12 @@ def test_two_runs_with_one_seed_send_prompts_the_prefix_cache_never_held(server)
     second run's throughput is not inflated by the first one's cached pages."""
     from slipstream.bench.serve import _scrape
 
-    def cached() -> float:
-        text = urllib.request.urlopen(server + "/metrics").read().decode()
-        return next(float(line.split()[-1]) for line in text.splitlines()
-                    if line.startswith("slipstream_cached_prompt_tokens_total"))
-
-    before = cached()
+    before = wait_idle(server)["slipstream_cached_prompt_tokens_total"]
     for _ in range(2):
         assert main(["bench-serve", "--url", server, "--requests", "6", "--prompt-range", "40,60",
                      "--output-range", "2,2"]) == 0
-    time.sleep(1.0)  # (the engine's figures reach /metrics twice a second)
-    assert _scrape(server, {})["ttft_count"] > 0 and cached() == before
+    after = wait_idle(server)["slipstream_cached_prompt_tokens_total"]  # (the engine's figures, refreshed)
+    assert _scrape(server, {})["ttft_count"] > 0 and after == before
 
 
 def test_short_requests_one_at_a_time_an_slo_none_meets_and_where_their_ttft_went(server, tmp_path, capsys):
