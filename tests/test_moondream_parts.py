@@ -40,21 +40,23 @@ def test_crops_are_the_global_crop_then_local_tiles_row_major():
     assert crops[8, 0, -10, -10] == 0  # tile (1, 3): black
 
 
-def test_prepared_pixels_are_the_images_and_its_digest_tells_images_apart():
-    """The prefix cache's key: equal for equal pixels, different for one pixel changed or for the same
-    bytes in another shape. An RGB image is read where it is (the caller's, never written), others
-    converted."""
-    pixels = np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8)
+@pytest.mark.parametrize("shape", [(60, 80, 3), (600, 800, 3)])
+def test_prepared_pixels_are_the_images_and_its_digest_tells_images_apart(shape):
+    """The prefix cache's key: equal for equal pixels, different for one pixel changed (in the first
+    or the last of the chunks an image's pixels are hashed in) or for the same bytes in another
+    shape. An RGB image is read where it is (the caller's, never written), others converted."""
+    pixels = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
     img = Image.fromarray(pixels)
     assert load_image(img) is img and load_image(img.convert("L")).mode == "RGB"
     prepared = prepare_image(img, VisionConfig())
     assert prepared.pixels.dtype == torch.uint8 and np.array_equal(prepared.pixels.numpy(), pixels)
     assert prepare_image(Image.fromarray(pixels.copy()), VisionConfig()).digest == prepared.digest
-    changed = pixels.copy()
-    changed[59, 79, 2] ^= 1
-    reshaped = pixels.reshape(80, 60, 3)
-    digests = {prepare_image(Image.fromarray(p), VisionConfig()).digest for p in (pixels, changed, reshaped)}
-    assert len(digests) == 3 and np.array_equal(np.asarray(img), pixels)
+    first, last = pixels.copy(), pixels.copy()
+    first[0, 0, 0] ^= 1
+    last[-1, -1, -1] ^= 1
+    reshaped = pixels.reshape(shape[1], shape[0], 3)
+    digests = {prepare_image(Image.fromarray(p), VisionConfig()).digest for p in (pixels, first, last, reshaped)}
+    assert len(digests) == 4 and np.array_equal(np.asarray(img), pixels)
 
 
 @pytest.mark.parametrize("size", [(378, 378), (500, 375), (50, 40), (640, 480), (800, 600), (1280, 720),
