@@ -25,7 +25,7 @@ def test_every_kernel_compiles_for_sm90():
     compiled = run.stdout.split()
     for kernel in ("_skinny_linear_kernel", "_paged_decode_kernel", "_norm_kernel", "_sample_kernel",
                    "_store_kv_kernel", "_packed_attention_kernel", "_swiglu_kernel", "_gelu_columns_kernel",
-                   "_shrink_kernel", "_expand_kernel", "_rotary_kernel"):
+                   "_shrink_kernel", "_expand_kernel", "_rotary_kernel", "_resample_kernel"):
         assert kernel in compiled, compiled
 
 
@@ -72,6 +72,7 @@ def main() -> None:
     from slipstream.kernels.activation import gelu_columns, swiglu
     from slipstream.kernels.norm import add_rms_norm, layer_norm, rms_norm, rms_norm_shrink
     from slipstream.kernels.packed_attention import packed_attention, rotary_, store_kv
+    from slipstream.kernels.resample import resample
     from slipstream.kernels.sample import fused_sample
     from slipstream.kernels.skinny_gemm import Config, skinny_linear
 
@@ -125,6 +126,10 @@ def main() -> None:
                   config=Config(32, 128, 4, 4, 1))
     rms_norm_shrink(PendingSum(partials, None, res, (parts, down_w)), mk(896), 1e-6, qkv_lora)
     gelu_columns(mk(512, 14336), "gelu_tanh", 6144, out=mk(512, 16384)[:, :14336])
+    pixels = mk(600, 800, 3, dtype=torch.uint8).permute(2, 0, 1)  # (an 800x600 image's global crop: two passes)
+    crop = mk(3, 378, 378, dtype=torch.uint8)
+    resample(resample(pixels, mk(2, 378, 15, dtype=torch.int64)).transpose(1, 2), mk(2, 378, 11, dtype=torch.int64),
+             crop.transpose(1, 2))
     tokens, programs = torch.arange(512), torch.zeros(7, 600, dtype=torch.int64)
     qkv = mk(512, 18, 64)  # a Qwen prefill step's projected q/k/v: strided views
     store_kv(qkv[:, 14:16], qkv[:, 16:], cos, sin, tokens, tokens, *pages)

@@ -16,6 +16,7 @@ from moondream_reference import pil_crops
 from slipstream.kernels.attention import block_attention
 from slipstream.models.loader import load_checkpoint
 from slipstream.models.moondream.config import MoondreamConfig, VisionConfig
+from slipstream.models.moondream import image as image_module
 from slipstream.models.moondream.image import load_image, make_crops, prepare_image, select_tiling
 from slipstream.models.moondream.region import coord_value, size_value
 from slipstream.models.moondream.skills import SpatialSkill, query_prompt, settings_dict
@@ -64,6 +65,19 @@ def test_prepared_pixels_are_the_images_and_its_digest_tells_images_apart(shape)
 def test_crops_are_pillows_lanczos_bit_for_bit(size):
     """Pillow's two passes, horizontal first (Pillow before 13, and 13 unless the height shrinks much
     more than the width: then 13 goes vertical first, docs/moondream.md), as matrix products."""
+    w, h = size
+    img = Image.fromarray(np.random.default_rng(w * h).integers(0, 256, (h, w, 3), dtype=np.uint8))
+    prepared = prepare_image(img, VisionConfig())
+    assert np.array_equal(make_crops(prepared, VisionConfig()).numpy(), pil_crops(img, prepared.tiling))
+
+
+@pytest.mark.parametrize("size", [(50, 40), (500, 375)])  # (the interpreter: ~10 s a size)
+def test_crops_by_the_resample_kernel_are_pillows_lanczos_bit_for_bit(size, monkeypatch):
+    """The same crops from the integer taps (kernels.resample, one launch a pass, as on CUDA; here in
+    Triton's interpreter), the vertical pass written through a transposed view straight into the
+    global crop."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(image_module, "_by_taps", lambda x: True)
     w, h = size
     img = Image.fromarray(np.random.default_rng(w * h).integers(0, 256, (h, w, 3), dtype=np.uint8))
     prepared = prepare_image(img, VisionConfig())

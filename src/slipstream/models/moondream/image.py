@@ -5,10 +5,10 @@ engine's device, inside the image's prefill step.
 The resizes are Pillow's 8-bit Lanczos, bit for bit, as matrix products: Pillow resamples in two
 passes (horizontal, then vertical, each rounded to 8 bits) with fixed-point weights (22 fraction
 bits) it derives from the sizes alone. `resize_plan` derives the same integer weights on the host
-(they are cached per pair of sizes); on the device each pass is one float64 product, exact since
-every partial sum is an integer below 2^31. An 800x600 image costs ~20 ms of host time through
-PIL and a fraction of a millisecond on the H200, and only its pixels (4x less than its crops)
-travel."""
+(they are cached per pair of sizes); on CUDA each pass is one Triton launch summing the taps in
+int32 (kernels.resample), elsewhere one float64 product by the dense weights, exact since every
+partial sum is an integer below 2^31. An 800x600 image costs ~20 ms of host time through PIL and
+a fraction of a millisecond on the H200, and only its pixels (4x less than its crops) travel."""
 from __future__ import annotations
 
 import functools
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, UnidentifiedImageError
 
+from ...kernels import HAS_TRITON
 from .config import VisionConfig
 
 MAX_PIXELS = 64_000_000  # larger images are refused at submit (PIL's own bomb guard is ~179M)
@@ -183,15 +184,28 @@ def _rounded(summed: torch.Tensor) -> torch.Tensor:
     return torch.floor((summed + half) / (1 << PRECISION_BITS)).clamp_(0, 255).to(torch.uint8)
 
 
-def resize(pixels: torch.Tensor, width_plan: torch.Tensor, height_plan: torch.Tensor) -> torch.Tensor:
-    """uint8 [3, H, W] -> [3, H', W'] as Pillow's Image.resize(..., Image.LANCZOS) computes it: the
-    horizontal pass, then the vertical one, each skipped where the size does not change."""
+def resize(pixels: torch.Tensor, width_plan: torch.Tensor, height_plan: torch.Tensor,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 [3, H, W] -> [3, H', W'] (into `out` if given) as Pillow's Image.resize(...,
+    Image.LANCZOS) computes it: the horizontal pass, then the vertical one, each skipped where the
+    size does not change. On CUDA each pass is one Triton launch from the plan's taps
+    (kernels.resample); elsewhere a float64 product by the plan's dense weights."""
     x = pixels
+    on_device = _by_taps(x)
+    if on_device:
+        from ...kernels.resample import resample
     if width_plan.shape[1] != x.shape[2]:
-        x = _rounded(x.to(torch.float64) @ _weights(width_plan, x.shape[2]).t())
+        x = resample(x, width_plan) if on_device else _rounded(x.to(torch.float64) @ _weights(width_plan, x.shape[2]).t())
     if height_plan.shape[1] != x.shape[1]:
+        if on_device:
+            return resample(x.transpose(1, 2), height_plan, None if out is None else out.transpose(1, 2)).transpose(1, 2)
         x = _rounded(_weights(height_plan, x.shape[1]) @ x.to(torch.float64))
-    return x
+    return x if out is None else out.copy_(x)
+
+
+def _by_taps(x: torch.Tensor) -> bool:
+    """Whether `resize` resamples with the Triton kernel (a CUDA tensor) or as float64 products."""
+    return HAS_TRITON and x.is_cuda
 
 
 def make_crops(image: ImageCrops, cfg: VisionConfig, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -202,11 +216,10 @@ def make_crops(image: ImageCrops, cfg: VisionConfig, out: torch.Tensor | None = 
     th, tw = image.tiling
     out = torch.empty(image.count, 3, c, c, dtype=torch.uint8, device=image.pixels.device) if out is None else out
     pixels = image.pixels.permute(2, 0, 1)
-    out[0] = resize(pixels, *image.plans[:2])
-    tiled = resize(pixels, *image.plans[2:])
-    for i in range(th):
-        for j in range(tw):
-            out[1 + i * tw + j] = tiled[:, i * window:i * window + c, j * window:j * window + c]
+    resize(pixels, *image.plans[:2], out=out[0])
+    tiled = resize(pixels, *image.plans[2:])  # [3, th*W + 2m, tw*W + 2m]: tile (i, j) starts at (i*W, j*W)
+    tiles = tiled.unfold(1, c, window).unfold(2, c, window)  # [3, th, tw, C, C]
+    out[1:1 + th * tw].view(th, tw, 3, c, c).copy_(tiles.permute(1, 2, 0, 3, 4))
     return out
 
 
