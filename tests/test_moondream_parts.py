@@ -3,6 +3,7 @@ overrides (§1), the checkpoint checks (§2), the region values (§6) and the ho
 state machine (§7.4)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -78,10 +79,13 @@ def test_crops_by_the_resample_kernel_are_pillows_lanczos_bit_for_bit(size, monk
     global crop."""
     pytest.importorskip("triton")
     monkeypatch.setattr(image_module, "_by_taps", lambda x: True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     w, h = size
     img = Image.fromarray(np.random.default_rng(w * h).integers(0, 256, (h, w, 3), dtype=np.uint8))
     prepared = prepare_image(img, VisionConfig())
-    assert np.array_equal(make_crops(prepared, VisionConfig()).numpy(), pil_crops(img, prepared.tiling))
+    there = dataclasses.replace(prepared, pixels=prepared.pixels.to(device),
+                                plans=tuple(plan.to(device) for plan in prepared.plans))
+    assert np.array_equal(make_crops(there, VisionConfig()).cpu().numpy(), pil_crops(img, prepared.tiling))
 
 
 def test_config_defaults_are_the_release_and_overrides_use_the_reference_names():
