@@ -333,8 +333,9 @@ def test_5_a_commits_rest_runs_beside_the_next_mask_fill_and_ends_with_the_tick(
     """Pipelined, the text and callbacks of a commit run on the commit worker while the next
     constrained step's masks are filled in a batch (from the tokens that commit advanced: Successor's chain
     holds), and are done when the tick returns; each request's callbacks come in token order, never
-    two at once. Blocking there is nothing to overlap, and a row-by-row fill holds the interpreter
-    lock: everything runs on the ticking thread."""
+    two at once, and the consumer's batch is shipped as the rest ends (beside the fill). Blocking
+    there is nothing to overlap, and a row-by-row fill holds the interpreter lock: everything runs
+    on the ticking thread."""
     core = make_core(tiny_llama, mode, [])
     sched, v = core.scheduler, tiny_llama.vocab_size
     log, calls, busy = [], {}, []
@@ -352,6 +353,7 @@ def test_5_a_commits_rest_runs_beside_the_next_mask_fill_and_ends_with_the_tick(
     for s in seqs:
         s.on_token = on_token
         sched.add(s)
+    sched.after_rest = lambda: log.append(("ship", time.perf_counter(), threading.current_thread().name))
     while sched.has_work():
         sched.tick()
         for s in sched.running.values():  # the rest of every commit is done: references dropped
@@ -363,7 +365,11 @@ def test_5_a_commits_rest_runs_beside_the_next_mask_fill_and_ends_with_the_tick(
     fills = [(a, b) for kind, a, b in log if kind == "fill"]
     beside = [t for kind, t, thread in log if kind == "callback" and any(a < t < b for a, b in fills)]
     workers = {thread for kind, _, thread in log if kind == "callback"} - {threading.current_thread().name}
+    ships = [(t, thread) for kind, t, thread in log if kind == "ship"]
+    assert len(ships) >= 12  # (the batch is shipped as each commit's rest ends: with it, beside the fill)
+    shipped_beside = [thread for t, thread in ships if any(a < t < b for a, b in fills)]
     if mode == "pipelined" and fill is SlowBatchFill:
         assert beside and workers and all(w.startswith("slipstream-commit") for w in workers)
+        assert shipped_beside and all(w.startswith("slipstream-commit") for w in shipped_beside)
     else:
-        assert not beside and not workers
+        assert not beside and not workers and not shipped_beside

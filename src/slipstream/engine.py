@@ -268,11 +268,14 @@ class LLM(MoondreamAPI):
         self._cv = threading.Condition()
         self._stopping = False
         self._error: BaseException | None = None
-        # Called on the loop thread after each pass of the loop, once the pass's on_token / on_finish
-        # callbacks have all run (a commit's rows, or what it aborted or refused; and after shutdown
-        # fails what is pending): where a consumer that batches their output ships the batch, with no
-        # hop to another thread.
+        # Called after each pass of the loop, once the pass's on_token / on_finish callbacks have all
+        # run (a commit's rows, or what it aborted or refused; and after shutdown fails what is
+        # pending): where a consumer that batches their output ships the batch, with no hop to another
+        # thread. Also at the end of each commit's rest: on the commit worker, while the loop thread is
+        # inside a constrained step's mask fill, so the consumer's thread takes the interpreter lock
+        # then, not in the next tick's launch and commit.
         self.after_callbacks: Callable[[], None] | None = None
+        self.core.scheduler.after_rest = self._callbacks_done
         self._thread = threading.Thread(target=self._loop, name="slipstream-loop", daemon=True)
         self._thread.start()
 

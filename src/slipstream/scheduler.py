@@ -26,7 +26,9 @@ anything decodes: `max_prefill_chunk` scaled by what the rows cost (see there). 
   5. A step's masks are filled only after the previous step's tokens advanced every constraint
      (masks from committed state); the rest of that commit (text, stop checks, callbacks,
      finishing, releases), on the worker or not, is done before the tick ends, so the next plan
-     sees it, and a request's callbacks run in token order, one at a time.
+     sees it, and a request's callbacks run in token order, one at a time; it ends by calling
+     `after_rest` (the consumer ships its batch there: beside the fill, its thread's turn with
+     the interpreter lock is off the next tick's launch and commit).
   6. Prefix caching: a page is registered under its key only once the KV of the tokens the key
      names is written or queued (a prompt's full pages once the step that fills them is launched,
      and before the next plan or that step's commit: the tick registers them after its commit, so
@@ -144,6 +146,7 @@ class Scheduler:
         self.waited = 0.0  # seconds this tick spent blocked on a copy event
         self._unregistered: Step | None = None  # launched, its prompt pages not yet registered (invariant 6)
         self._commit_worker: ThreadPoolExecutor | None = None  # runs a commit's rest beside a mask fill
+        self.after_rest: Callable[[], None] | None = None  # called as each commit's rest ends (LLM.after_callbacks)
 
     # ---- requests -------------------------------------------------------------------------
     def reserve_tokens(self, seq: Sequence) -> int:
@@ -398,6 +401,8 @@ class Scheduler:
         for seq in step.seqs:
             seq.inflight_refs -= 1
             self._release_if_done(seq)
+        if self.after_rest is not None:
+            self.after_rest()
         self._timed("text", start)
 
     def _timed(self, phase: str, since: float) -> float:
