@@ -272,8 +272,8 @@ class LLM(MoondreamAPI):
         # run (a commit's rows, or what it aborted or refused; and after shutdown fails what is
         # pending): where a consumer that batches their output ships the batch, with no hop to another
         # thread. Also at the end of each commit's rest: on the commit worker, while the loop thread is
-        # inside a constrained step's mask fill, so the consumer's thread takes the interpreter lock
-        # then, not in the next tick's launch and commit.
+        # inside a constrained step's mask fill (never both threads at once), so the consumer's thread
+        # takes the interpreter lock then, not in the next tick's launch and commit (run g).
         self.after_callbacks: Callable[[], None] | None = None
         self.core.scheduler.after_rest = self._callbacks_done
         self._thread = threading.Thread(target=self._loop, name="slipstream-loop", daemon=True)
