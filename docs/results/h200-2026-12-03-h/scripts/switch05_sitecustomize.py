@@ -1,0 +1,1 @@
+import sys; sys.setswitchinterval(5e-5)
