@@ -1,14 +1,13 @@
 """Structured output inside the pipelined loop: every output that ends with "stop" is valid
 (jsonschema checks JSON), every "length" output is a valid prefix of its grammar, pipelined
-equals blocking with constraints on, stops and aborts free matchers and pages, and bad grammars
-are rejected at submit."""
+equals blocking with constraints on, stops and aborts free matchers (here and in the matcher
+process) and pages, and bad grammars are rejected at submit."""
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import re
-import sys
-import threading
 import time
 import weakref
 
@@ -17,7 +16,7 @@ import pytest
 
 from conftest import settled_stats
 from slipstream import LLM, SamplingParams
-from slipstream.constrain.grammar import GrammarBackend
+from slipstream.constrain.grammar import GrammarBackend, canonical, compile_grammar, tokenizer_info, vocabulary
 from slipstream.models.loader import embedded_default_path
 from slipstream.models.random_checkpoint import write_checkpoint
 
@@ -47,7 +46,23 @@ def grammar_requests(max_tokens: int, seeded: bool) -> list[SamplingParams]:
     return reqs
 
 
-def check_output(params: SamplingParams, out, backend: GrammarBackend) -> None:
+@functools.lru_cache(maxsize=4)
+def local_compiler(llm: LLM):
+    """XGrammar in this process, for checking outputs (the engine's matchers are in its matcher process)."""
+    import xgrammar as xgr
+
+    vocab_size = llm.core.model_config.vocab_size
+    info = tokenizer_info(vocabulary(llm.tokenizer, vocab_size), vocab_size, llm.core.model_config.eos_token_ids)
+    return xgr.GrammarCompiler(info)
+
+
+def local_matcher(llm: LLM, option: str, value):
+    import xgrammar as xgr
+
+    return xgr.GrammarMatcher(compile_grammar(local_compiler(llm), option, canonical(option, value)))
+
+
+def check_output(params: SamplingParams, out, llm: LLM) -> None:
     if out.finish_reason == "stop":
         if params.json_schema is not None:
             jsonschema.validate(json.loads(out.text), params.json_schema)
@@ -61,9 +76,8 @@ def check_output(params: SamplingParams, out, backend: GrammarBackend) -> None:
             assert re.fullmatch("a[bc]*d", out.text)
     else:
         assert out.finish_reason == "length"
-        matcher = backend.constraint(*params.grammar_option)
-        for tok in out.token_ids:  # a valid prefix: the matcher accepts every token
-            matcher.advance(tok)
+        matcher = local_matcher(llm, *params.grammar_option)
+        assert all(matcher.accept_token(tok) for tok in out.token_ids)  # a valid prefix
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +87,25 @@ def random_model(tmp_path_factory):
     return path
 
 
+def settled_matchers(backend: GrammarBackend) -> dict:
+    """The matcher process's live matchers once the frees posted so far are taken."""
+    for _ in range(200):
+        stats = backend.process.stats()
+        if not stats["bound"] and not stats["pending"]:
+            break
+        time.sleep(0.01)
+    return stats
+
+
 def run(model, mode, params, prompts, **kw):
     with LLM(str(model), device="cpu", mode=mode, num_pages=256, page_size=4, max_num_seqs=6, **kw) as llm:
         outs = llm.generate(prompts, params)
         stats = settled_stats(llm)
         assert stats["kv_pages_free"] == stats["kv_pages_total"]
-        backend = llm.core._grammar
-        return outs, backend
+        gc.collect()
+        matchers = settled_matchers(llm.core._grammar)
+        assert not matchers["bound"] and not matchers["pending"]
+        return outs, llm
 
 
 @pytest.mark.parametrize("seeded", [False, True])
@@ -89,11 +115,11 @@ def test_outputs_are_valid_and_pipelined_equals_blocking(random_model, seeded):
     params = [p for pair in zip(params, free * 4) for p in pair] + params[len(free * 4):]  # mixed batches
     prompts = [[3 + i, 40 + i] for i in range(len(params))]
     outs = {mode: run(random_model, mode, params, prompts) for mode in ("blocking", "pipelined")}
-    backend = outs["pipelined"][1]
+    llm = outs["pipelined"][1]
     for p, a, b in zip(params, outs["pipelined"][0], outs["blocking"][0]):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         if p.grammar_option is not None:
-            check_output(p, a, backend)
+            check_output(p, a, llm)
     assert any(o.finish_reason == "stop" for p, o in zip(params, outs["pipelined"][0]) if p.grammar_option)
 
 
@@ -116,6 +142,8 @@ def test_stop_and_abort_mid_grammar_free_matchers_and_pages(random_model):
         assert stats["kv_pages_free"] == stats["kv_pages_total"]
         gc.collect()
         assert len(matchers) == 2 and all(ref() is None for ref in matchers)  # both matchers released
+        remote = settled_matchers(backend)
+        assert not remote["bound"] and not remote["pending"]  # and in the matcher process
         alone = llm.generate([[5, 6]], SamplingParams(max_tokens=30))[0]
         assert alone.token_ids == outs[0].token_ids  # the constrained neighbours changed nothing
 
@@ -135,69 +163,38 @@ def test_bad_grammars_are_rejected_at_submit(random_model, params, match):
 
 def test_compiled_grammars_are_cached_with_a_bound(random_model):
     with LLM(str(random_model), device="cpu", num_pages=64) as llm:
-        llm.submit([1], SamplingParams(max_tokens=2, regex="[ab]+"))
-        backend = llm.core._grammar
-        backend.cache_size = 2
-        first = backend.cache[("regex", "[ab]+")]
-        backend.constraint("regex", "[ab]+")
-        assert backend.cache[("regex", "[ab]+")] is first
-        backend.constraint("regex", "c+")
-        backend.constraint("regex", "d+")
-        assert list(backend.cache) == [("regex", "c+"), ("regex", "d+")]
+        core = llm.core
+        backend = GrammarBackend(llm.tokenizer, core.model_config.vocab_size, core.model_config.eos_token_ids,
+                                 core.runner, cache_size=2)
+        try:
+            backend.constraint("regex", "[ab]+")
+            backend.constraint("regex", "[ab]+")
+            assert backend.process.stats()["compiled"] == 1
+            backend.constraint("regex", "c+")
+            backend.constraint("regex", "d+")
+            stats = backend.process.stats()
+            assert stats["cache"] == [("regex", "c+"), ("regex", "d+")] and stats["compiled"] == 3
+        finally:
+            backend.close()
 
 
 def test_a_constraint_has_terminated_exactly_when_xgrammar_says_so(random_model):
-    """The engine keeps whether a grammar has ended (a stop token accepted) instead of asking XGrammar
-    per row per tick; it agrees with XGrammar's own answer, and a token the mask forbade raises."""
+    """The engine keeps whether a grammar has ended (a stop token accepted) instead of asking the
+    matcher process; it agrees with XGrammar's own answer."""
     with LLM(str(random_model), device="cpu", num_pages=64) as llm:
         llm.submit([1], SamplingParams(max_tokens=1, choice=["ab"]))
         backend, tok = llm.core._grammar, llm.tokenizer
-        rows = [backend.constraint("choice", ["ab"]) for _ in range(3)]
+        rows = [backend.constraint("choice", ["ab"]) for _ in range(2)]
+        local = [local_matcher(llm, "choice", ["ab"]) for _ in range(2)]
+        assert rows[0].stop_ids == frozenset(local[0].stop_token_ids)
         first, *rest = tok.encode("ab", add_special_tokens=False)
-        assert rest, "the choice must take more than one token for the third row to stay incomplete"
-        for r in rows:
-            r.advance(first)
-        for t in rest:
-            rows[0].advance(t), rows[1].advance(t)
+        assert rest, "the choice must take more than one token for the second row to stay incomplete"
+        for t in [first, *rest]:
+            for r, m in zip(rows, local):
+                r.advance(t), m.accept_token(t)
         stop = min(rows[0].stop_ids)
-        rows[0].advance(stop)
-        assert [r.is_terminated() for r in rows] == [r.matcher.is_terminated() for r in rows] == [True, False, False]
-        with pytest.raises(RuntimeError, match=f"token {stop} was sampled against its grammar mask"):
-            rows[2].advance(stop)  # "ab" is not complete on this row
-
-
-def test_advancing_a_matcher_keeps_the_interpreter_lock(random_model):
-    """A commit advances one matcher a row per tick on the loop thread; if each call let go of the
-    lock, any other busy Python thread would take it and the loop would wait for it to come back. A
-    thread that runs whenever it can get the lock does not run while 500 tokens are accepted (forced
-    switches are put off for the test)."""
-    with LLM(str(random_model), device="cpu", num_pages=64) as llm:
-        llm.submit([1], SamplingParams(max_tokens=1, regex="a+"))
-        row = llm.core._grammar.constraint("regex", "a+")
-        a = llm.tokenizer.encode("a", add_special_tokens=False)[0]
-        runs, started, done = [0], threading.Event(), threading.Event()
-
-        def other() -> None:
-            started.wait()
-            while not done.is_set():
-                runs[0] += 1
-                time.sleep(0)  # (lets go of the lock at once: only a call that let go of it lets this run)
-
-        thread = threading.Thread(target=other)
-        thread.start()
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(10.0)
-        try:
-            started.set()
-            before = runs[0]
-            for _ in range(500):
-                row.advance(a)
-            during = runs[0] - before
-        finally:
-            done.set()
-            sys.setswitchinterval(interval)
-            thread.join()
-    assert during == 0
+        rows[0].advance(stop), local[0].accept_token(stop)
+        assert [r.is_terminated() for r in rows] == [m.is_terminated() for m in local] == [True, False]
 
 
 def test_embedded_smollm2_answers_with_valid_json():
@@ -225,4 +222,4 @@ def test_embedded_smollm2_answers_with_valid_json():
                   SamplingParams(max_tokens=20, regex=REGEXES[0])]
         for p, o in zip(params, llm.generate(prompts, params)):
             assert o.finish_reason == "stop", o
-            check_output(p, o, llm.core._grammar)
+            check_output(p, o, llm)

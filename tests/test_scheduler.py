@@ -296,80 +296,48 @@ def test_6_a_chunks_pages_are_registered_after_the_ticks_commit_and_before_the_n
     assert repeat.cached_tokens == 128
 
 
-def slow_fill(constraints: list, words, rows: list[int]) -> None:
-    """Successor's masks, after a while outside the interpreter lock (as XGrammar's fill), logged."""
-    start = time.perf_counter()
-    time.sleep(0.005)
-    for c, i in zip(constraints, rows):
-        words[i] = 0
-        Successor.fill_mask(c, words[i])
-    constraints[0].log.append(("fill", start, time.perf_counter()))
-
-
-class SlowBatchFill(Successor):
-    def __init__(self, vocab_size: int, log: list) -> None:
-        super().__init__(vocab_size)
-        self.log = log
-
-    @classmethod
-    def fill_masks(cls, constraints: list["SlowBatchFill"], words, rows: list[int]) -> None:
-        slow_fill(constraints, words, rows)
-
-
-class SlowRowFill(Successor):
-    """The same fill row by row (no batched form): the interpreter lock is held around it."""
-
-    def __init__(self, vocab_size: int, log: list) -> None:
-        super().__init__(vocab_size)
-        self.log = log
-
-    def fill_mask(self, words) -> None:
-        slow_fill([self], words[None], [0])
-
-
-@pytest.mark.parametrize("mode,fill", [("pipelined", SlowBatchFill), ("blocking", SlowBatchFill),
-                                       ("pipelined", SlowRowFill)])
-def test_5_a_commits_rest_runs_beside_the_next_mask_fill_and_ends_with_the_tick(tiny_llama, mode, fill):
-    """Pipelined, the text and callbacks of a commit run on the commit worker while the next
-    constrained step's masks are filled in a batch (from the tokens that commit advanced: Successor's chain
-    holds), and are done when the tick returns; each request's callbacks come in token order, never
-    two at once, and the consumer's batch is shipped as the rest ends (beside the fill). Blocking
-    there is nothing to overlap, and a row-by-row fill holds the interpreter lock: everything runs
-    on the ticking thread."""
+@pytest.mark.parametrize("mode", ["pipelined", "blocking"])
+def test_5_a_commits_rest_runs_while_the_matcher_process_fills_and_ends_with_the_tick(tiny_llama, mode):
+    """A constrained step's fill is posted to the matcher process at its launch; pipelined, the text
+    and callbacks of the commit before run after that post and before the wait for the fill (so
+    beside it), and are done when the tick returns; each request's callbacks come in token order,
+    never two at once, and the consumer's batch is shipped as the rest ends, before the wait.
+    Blocking, the commit comes after the step's sampling: nothing runs before a wait."""
     core = make_core(tiny_llama, mode, [])
-    sched, v = core.scheduler, tiny_llama.vocab_size
+    sched = core.scheduler
     log, calls, busy = [], {}, []
 
     def on_token(seq, delta):
         busy.append(1)
         assert len(busy) == 1, "two callbacks at once"
         calls.setdefault(seq.request_id, []).append(len(seq.output_ids))
-        log.append(("callback", time.perf_counter(), threading.current_thread().name))
+        log.append("callback")
         busy.pop()
 
-    seqs = [core.make_sequence([i + 1, i + 2], SamplingParams(max_tokens=12, constraint=lambda: fill(v, log)),
-                               None) for i in range(2)]
-    seqs.append(core.make_sequence([9], SamplingParams(max_tokens=12), None))
+    seqs = [core.make_sequence([i + 1, i + 2], SamplingParams(max_tokens=12, ignore_eos=True, regex="[a-z]+"), None)
+            for i in range(2)]
+    seqs.append(core.make_sequence([9], SamplingParams(max_tokens=12, ignore_eos=True), None))
+    process = seqs[0].constraint.process
+    post_fill, wait_filled = process.post_fill, process.wait_filled
+    process.post_fill = lambda *a: log.append("post") or post_fill(*a)
+    process.wait_filled = lambda job: log.append("wait") or wait_filled(job)
     for s in seqs:
         s.on_token = on_token
         sched.add(s)
-    sched.after_rest = lambda: log.append(("ship", time.perf_counter(), threading.current_thread().name))
-    while sched.has_work():
-        sched.tick()
-        for s in sched.running.values():  # the rest of every commit is done: references dropped
-            assert s.inflight_refs == sum(s in step.seqs for step in sched.pipeline.inflight)
-    sched.close()
-    for s in seqs[:2]:
-        assert all(b == (a + 1) % v for a, b in zip(s.output_ids, s.output_ids[1:]))
+    sched.after_rest = lambda: log.append("ship")
+    try:
+        while sched.has_work():
+            sched.tick()
+            for s in sched.running.values():  # the rest of every commit is done: references dropped
+                assert s.inflight_refs == sum(s in step.seqs for step in sched.pipeline.inflight)
+    finally:
+        core.close()
     assert all(calls[s.request_id] == list(range(1, 13)) for s in seqs)
-    fills = [(a, b) for kind, a, b in log if kind == "fill"]
-    beside = [t for kind, t, thread in log if kind == "callback" and any(a < t < b for a, b in fills)]
-    workers = {thread for kind, _, thread in log if kind == "callback"} - {threading.current_thread().name}
-    ships = [(t, thread) for kind, t, thread in log if kind == "ship"]
-    assert len(ships) >= 12  # (the batch is shipped as each commit's rest ends: with it, beside the fill)
-    shipped_beside = [thread for t, thread in ships if any(a < t < b for a, b in fills)]
-    if mode == "pipelined" and fill is SlowBatchFill:
-        assert beside and workers and all(w.startswith("slipstream-commit") for w in workers)
-        assert shipped_beside and all(w.startswith("slipstream-commit") for w in shipped_beside)
+    assert all(s.text.text.isalpha() for s in seqs[:2])  # (the regex held)
+    waits = [i for i, e in enumerate(log) if e == "wait"]
+    assert len(waits) >= 11
+    between = [log[max(i for i in range(w) if log[i] == "post"):w] for w in waits]  # (from the post before each)
+    if mode == "pipelined":  # (the previous commit's callbacks and ship between a fill's post and its wait)
+        assert sum("callback" in b and "ship" in b for b in between) >= 10
     else:
-        assert not beside and not workers and not shipped_beside
+        assert not any("callback" in b for b in between)

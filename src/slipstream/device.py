@@ -6,10 +6,15 @@ poisons a landing buffer when its slot is released: code that reads a landing bu
 waiting, or after release, reads POISON."""
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
 import time
+import weakref
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 POISON = -(2**62)
@@ -18,18 +23,26 @@ POISON = -(2**62)
 class HostLanding:
     """A pinned host buffer that receives one device-to-host copy per step."""
 
-    def __init__(self, layer: "DeviceLayer", shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    def __init__(self, layer: "DeviceLayer", shape: tuple[int, ...], dtype: torch.dtype,
+                 shared: "SharedHost | None" = None) -> None:
         self.layer = layer
-        self.host = layer.pinned(shape, dtype)
+        self.host = shared.take(shape, dtype) if shared is not None else layer.pinned(shape, dtype)
+        self._host_np = self.host.numpy()
         self._done = layer.event()
         self._pending: torch.Tensor | None = None
         self._n = 0
+        self.reader: Callable[[], None] | None = None  # waits until another process has read what landed
         self.poison()
 
-    def start(self, src: torch.Tensor, after: object) -> None:
+    def start(self, src: torch.Tensor, after: object, unlanded: bool = False) -> None:
         """Copy `src` into the first rows of the host buffer once `after` (an event on the compute
-        stream, recorded when `src` was written) has passed, on the copy stream."""
+        stream, recorded when `src` was written) has passed, on the copy stream. `unlanded` first
+        sets those rows to -1, which no token id is: another process that reads them (the matcher
+        process) sees when the copy has landed."""
         self._n = src.shape[0]
+        self._read()
+        if unlanded:
+            self._host_np[: self._n] = -1
         if self.layer.is_cuda:
             with self.layer.on(self.layer.copy_stream):
                 self.layer.copy_stream.wait_event(after)
@@ -49,7 +62,54 @@ class HostLanding:
 
     def poison(self) -> None:
         if not self.layer.is_cuda:
+            self._read()
             self.host.fill_(POISON)
+
+    def _read(self) -> None:
+        """Before the buffer is written again: another process reading the last landing has read it."""
+        if self.reader is not None:
+            reader, self.reader = self.reader, None
+            reader()
+
+
+class SharedHost:
+    """Host memory that another process maps too (an anonymous memfd, handed over by descriptor),
+    pinned for the device's copies: the slots' landed tokens and bitmasks live here, so the matcher
+    process (constrain/matcher_process.py) reads the one and writes the other with no copy between
+    processes. Tensors are carved from it in order (`take`), each at a 64-byte boundary."""
+
+    def __init__(self, layer: "DeviceLayer", nbytes: int) -> None:
+        nbytes = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.fd = os.memfd_create("slipstream-host")
+        os.ftruncate(self.fd, nbytes)
+        self.buffer = mmap.mmap(self.fd, nbytes)
+        self.nbytes, self.used = nbytes, 0
+        self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.buffer))
+        if layer.is_cuda:
+            cudart = torch.cuda.cudart()
+            status = cudart.cudaHostRegister(self.address, nbytes, 0)
+            if int(status) != 0:
+                raise RuntimeError(f"cudaHostRegister of {nbytes} bytes of shared host memory failed: {status}")
+            # unregistered before the mapping goes (a later mapping at the same address must not find it pinned)
+            weakref.finalize(self, cudart.cudaHostUnregister, self.address)
+
+    def offset(self, part: torch.Tensor | np.ndarray) -> int:
+        """Where `part` (taken from here, or a numpy view of it) starts in the block."""
+        return (part.data_ptr() if isinstance(part, torch.Tensor) else part.ctypes.data) - self.address
+
+    @staticmethod
+    def size(parts: list[tuple[tuple[int, ...], torch.dtype]]) -> int:
+        """Bytes that `take` needs for these (shape, dtype) parts, taken in any order."""
+        return sum(-(-int(np.prod(shape)) * dtype.itemsize // 64) * 64 for shape, dtype in parts)
+
+    def take(self, shape: tuple[int, ...] | int, dtype: torch.dtype) -> torch.Tensor:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        offset = -(-self.used // 64) * 64
+        count = int(np.prod(shape))
+        self.used = offset + count * dtype.itemsize
+        if self.used > self.nbytes:
+            raise ValueError(f"shared host memory of {self.nbytes} bytes is full")
+        return torch.frombuffer(self.buffer, dtype=dtype, count=count, offset=offset).view(shape)
 
 
 class _HostStamp:
@@ -126,5 +186,5 @@ class DeviceLayer:
             done.record(self.upload_stream)
         self.compute_stream.wait_event(done)
 
-    def landing(self, shape: tuple[int, ...], dtype: torch.dtype) -> HostLanding:
-        return HostLanding(self, shape, dtype)
+    def landing(self, shape: tuple[int, ...], dtype: torch.dtype, shared: SharedHost | None = None) -> HostLanding:
+        return HostLanding(self, shape, dtype, shared)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib.util
 import itertools
 import numbers
 import queue
@@ -177,14 +178,21 @@ class EngineCore:
             return params.constraint() if params.constraint else None
         with self._grammar_lock:
             if self._grammar is None:
-                try:
-                    from .constrain.grammar import GrammarBackend
-                except ImportError as e:
-                    raise ValueError(f"structured output needs xgrammar ({e}); install it with "
-                                     f"`pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi pydantic`") from None
+                if importlib.util.find_spec("xgrammar") is None:
+                    raise ValueError("structured output needs xgrammar; install it with "
+                                     "`pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi pydantic`")
+                from .constrain.grammar import GrammarBackend
+
                 self._grammar = GrammarBackend(self.tokenizer, self.model_config.vocab_size,
-                                               self.model_config.eos_token_ids)
+                                               self.model_config.eos_token_ids, self.runner)
         return self._grammar.constraint(*option)
+
+    def close(self) -> None:
+        """Stop the matcher process, if one was started (the loop has ended)."""
+        with self._grammar_lock:
+            if self._grammar is not None:
+                self._grammar.close()
+                self._grammar = None
 
     def _prompt_ids(self, prompt: str | Seq[int] | np.ndarray) -> np.ndarray:
         """The prompt's token ids, copied into an int64 array: it holds no Python objects, so the
@@ -271,9 +279,9 @@ class LLM(MoondreamAPI):
         # Called after each pass of the loop, once the pass's on_token / on_finish callbacks have all
         # run (a commit's rows, or what it aborted or refused; and after shutdown fails what is
         # pending): where a consumer that batches their output ships the batch, with no hop to another
-        # thread. Also at the end of each commit's rest: on the commit worker, while the loop thread is
-        # inside a constrained step's mask fill (never both threads at once), so the consumer's thread
-        # takes the interpreter lock then, not in the next tick's launch and commit (run g).
+        # thread. Also at the end of each commit's rest, before the loop thread waits for the matcher
+        # process's fill of a constrained step's masks (a wait that lets go of the interpreter lock), so
+        # the consumer's thread takes the lock then, not in the next tick's launch and commit (run g).
         self.after_callbacks: Callable[[], None] | None = None
         self.core.scheduler.after_rest = self._callbacks_done
         self._thread = threading.Thread(target=self._loop, name="slipstream-loop", daemon=True)
@@ -295,7 +303,7 @@ class LLM(MoondreamAPI):
                 on_finish: Callable[[RequestOutput | None, BaseException | None], None] | None = None) -> int:
         """Queue a sequence built by `core.make_sequence` or `skill_sequence` (already validated);
         `on_finish` as in `submit`. Its `on_token` hook, `(sequence, text_delta)`, runs on the loop
-        thread (or the commit worker) after each committed token and may read the sequence's
+        thread after each committed token and may read the sequence's
         `output_ids` and `logprobs` there: the server ships them from it."""
         return self._enqueue([(seq, _Pending(on_finish=on_finish))])[0]
 
@@ -502,7 +510,7 @@ class LLM(MoondreamAPI):
             self._fail_pending(e)
             self._callbacks_done()
         finally:
-            self.core.scheduler.close()
+            self.core.close()
             if self.core.lora is not None:
                 self.core.lora.close()
 

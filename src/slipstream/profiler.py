@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-# where a tick's CPU time goes: planning and staging a step and queueing its forward; a commit's
-# tokens in (constraints advanced); the rest of the commit (text, stop checks, callbacks, releases:
-# on the commit worker, beside the mask fill, when a constrained step waits for its masks); the
-# constrained rows' bitmask fill; queueing sampling (the bitmask upload included)
+# where a tick's CPU time goes: planning and staging a step and queueing its forward (a grammar step's
+# fill posted to the matcher process); a commit's tokens in (constraints advanced); the rest of the
+# commit (text, stop checks, callbacks, releases: while the matcher process fills, when a constrained
+# step waits for its masks); the constrained rows' bitmask fill here and the wait for the matcher
+# process's; queueing sampling (the bitmask upload, and the accept posted to the matcher process)
 HOST_PHASES = ("launch", "commit", "text", "mask_fill", "sampling")
 
 

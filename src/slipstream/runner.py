@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .device import DeviceLayer
+from .device import DeviceLayer, SharedHost
 from .kv_cache import SCRATCH_PAGE, KVCache
 from .kernels import sm_count, triton_rows
 from .kernels.attention import (PROGRAMS_PER_SM, AttentionInputs, num_programs, plan_programs, split_capacity,
@@ -26,6 +26,7 @@ from .sampling import SamplerInputs, SamplingParams, sample, top_logprobs
 from .slot import FLOAT_SECTIONS, DecodeSlot
 
 ALL_ALLOWED = np.int32(-1)
+SIGNAL_WORDS = 8  # int64 counters in the shared host memory (constrain/matcher_process.py says which)
 # (masked, any_random, any_filter) of the decode steps whose sampling is captured per batch bucket: a
 # constrained step's, and a tempered one's with or without top-k / top-p / min-p (an unmasked greedy
 # step samples inside its fused forward graph)
@@ -99,7 +100,12 @@ class ModelRunner:
         self.tokens_per_program = tokens_per_program(cfg.num_heads // cfg.num_kv_heads)
         # the packed attention's tiles running at once, which its planner balances long tiles' splits over
         self.parallel_tiles = max(1, PROGRAMS_PER_SM * sm_count() // self.kv_heads) if layer.is_cuda else 1
-        self.slots = [DecodeSlot(i, layer, max_step_tokens, max_num_seqs, max_pages_per_seq,
+        # the slots' landed tokens and bitmasks, and counters the matcher process publishes, in host memory
+        # that process maps too (constrain/matcher_process.py)
+        self.shared = SharedHost(layer, SharedHost.size([((SIGNAL_WORDS,), torch.int64)]
+                                                        + 2 * DecodeSlot.shared_parts(max_num_seqs, self.vocab_size)))
+        self.signals = self.shared.take(SIGNAL_WORDS, torch.int64).numpy()
+        self.slots = [DecodeSlot(i, layer, self.shared, max_step_tokens, max_num_seqs, max_pages_per_seq,
                                  self._grid(max_step_tokens), self.vocab_size, cfg.hidden_size,
                                  model.lm_head.weight.dtype, keep_hidden=heads is not None)
                       for i in range(2)]
@@ -138,6 +144,11 @@ class ModelRunner:
             self.image_graphs = ImageGraphs(heads, kv, layer.compute_stream, lora)
         if layer.is_cuda and not self.prefill_captured:
             self._warm_up(token_buckets(max_step_tokens)[:4])
+
+    def shared_layout(self) -> tuple[int, list[tuple[int, int]]]:
+        """Where the signals, and each slot's landed tokens and bitmask, start in the shared host memory."""
+        return (self.shared.offset(self.signals),
+                [(self.shared.offset(s.landing.host), self.shared.offset(s.mask_host)) for s in self.slots])
 
     def _warm_up(self, token_counts: list[int]) -> None:
         """Run padding-only prefill steps of these sizes so the kernels they use (the skinny GEMM
@@ -437,7 +448,7 @@ class ModelRunner:
         self.layer.record(slot.sampled_event)
         if self.profiler is not None:
             self.profiler.mark(step, 2)
-        slot.landing.start(slot.sampled[:rows], slot.sampled_event)
+        slot.landing.start(slot.sampled[:rows], slot.sampled_event, unlanded=masked)  # (the matcher process waits)
         if flags.logprobs is not None:
             slot.logprobs_landing.start(slot.logprobs[:rows], slot.sampled_event)
         if flags.any_spatial:

@@ -23,9 +23,8 @@ class TokenConstraint(Protocol):
 
     `advance` runs at commit with the committed token; `fill_mask` runs at finalize, after the
     commit of the previous step, and writes a packed bitmask (bit v of word v // 32 set = token v
-    allowed) into `words`, which arrives zeroed. A kind may also fill many rows at once, a class
-    method `fill_masks(constraints, words, rows)` that writes those rows of `words` whole (and should
-    let go of the interpreter lock: the rest of the commit runs beside it)."""
+    allowed) into `words`, which arrives zeroed. (Grammars are not this kind: their matchers live in
+    the matcher process, constrain/matcher_process.py.)"""
 
     def advance(self, token_id: int) -> None: ...
 

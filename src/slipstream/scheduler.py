@@ -1,7 +1,7 @@
 """Requests, batching and the tick: launch (t+1), commit (t), finalize (t+1).
 
-All state here is mutated by one thread at a time: the loop thread, or the commit worker while the
-loop thread is inside XGrammar's mask fill (invariant 5). A sequence is `finalized` when its result is
+All state here is mutated by the loop thread (a grammar's matcher by the matcher process, from the
+jobs this thread posts: invariant 5). A sequence is `finalized` when its result is
 decided (EOS, stop token, length cap, abort) and emitted right then; it keeps its row and KV pages
 until `inflight_refs` — the in-flight steps that reference it — drops to zero. A commit that meets
 a finalized sequence (a zombie: it was planned into the next step before its end was known)
@@ -24,11 +24,13 @@ anything decodes: `max_prefill_chunk` scaled by what the rows cost (see there). 
   4. Every sequence of a step holds one in-flight reference from the step's launch to its commit;
      a sequence's row, pages and LoRA slot are released only when it is finalized and holds none.
   5. A step's masks are filled only after the previous step's tokens advanced every constraint
-     (masks from committed state); the rest of that commit (text, stop checks, callbacks,
-     finishing, releases), on the worker or not, is done before the tick ends, so the next plan
-     sees it, and a request's callbacks run in token order, one at a time; it ends by calling
-     `after_rest` (the consumer ships its batch there: beside the fill, its thread's turn with
-     the interpreter lock is off the next tick's launch and commit).
+     (masks from committed state): a grammar's in the matcher process, whose channel is in order
+     (constrain/matcher_process.py), the others here. The rest of that commit (text, stop checks,
+     callbacks, finishing, releases) runs on this thread while the matcher process fills, and is
+     done before the tick ends, so the next plan sees it; a request's callbacks run in token
+     order, one at a time; it ends by calling `after_rest` (the consumer ships its batch there:
+     beside the fill, its thread's turn with the interpreter lock is off the next tick's launch
+     and commit).
   6. Prefix caching: a page is registered under its key only once the KV of the tokens the key
      names is written or queued (a prompt's full pages once the step that fills them is launched,
      and before the next plan or that step's commit: the tick registers them after its commit, so
@@ -45,12 +47,12 @@ import functools
 import hashlib
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
+from .constrain.grammar import GrammarConstraint
 from .kv_cache import PagePool, chain_keys
 from .pipeline import Pipeline, Step
 from .runner import ALL_ALLOWED, ModelRunner
@@ -145,7 +147,6 @@ class Scheduler:
         self.commit_log: deque[tuple[str, float]] = deque(maxlen=100_000)  # (kind, commit time), for benchmarks
         self.waited = 0.0  # seconds this tick spent blocked on a copy event
         self._unregistered: Step | None = None  # launched, its prompt pages not yet registered (invariant 6)
-        self._commit_worker: ThreadPoolExecutor | None = None  # runs a commit's rest beside a mask fill
         self.after_rest: Callable[[], None] | None = None  # called as each commit's rest ends (LLM.after_callbacks)
 
     # ---- requests -------------------------------------------------------------------------
@@ -176,11 +177,11 @@ class Scheduler:
         """One scheduler tick. Pipelined (depth 2): launch(t+1), commit(t), finalize(t+1).
         Blocking (depth 1): launch(t+1), finalize(t+1), commit(t+1). Same code, the depth decides.
 
-        A commit is two parts: its tokens in (each constrained row's matcher advanced: what the next
-        step's masks are built from), then the rest (text, stop checks, callbacks, finishing,
-        releases). When a constrained step waits for masks from a batched fill, the rest runs on the
-        commit worker while this thread is inside the fill (XGrammar's, which releases the
-        interpreter lock), and is done before the tick ends (invariant 5)."""
+        A commit is two parts: its tokens in (each constrained row advanced: what the next step's
+        masks are built from; a grammar's matcher has already accepted its token in the matcher
+        process, as it landed), then the rest (text, stop checks, callbacks, finishing, releases).
+        When a constrained step waits for the matcher process's fill, the rest runs meanwhile, and
+        is done before the tick ends (invariant 5)."""
         start = time.perf_counter()
         self.waited = 0.0
         pipe = self.pipeline
@@ -204,17 +205,6 @@ class Scheduler:
         if self.runner.profiler is not None:
             self.runner.profiler.tick(start, time.perf_counter(), self.waited)
 
-    def _worker(self) -> ThreadPoolExecutor:
-        if self._commit_worker is None:
-            self._commit_worker = ThreadPoolExecutor(1, thread_name_prefix="slipstream-commit")
-        return self._commit_worker
-
-    def close(self) -> None:
-        """Stop the commit worker (the loop has ended)."""
-        if self._commit_worker is not None:
-            self._commit_worker.shutdown()
-            self._commit_worker = None
-
     def _launch_next(self) -> bool:
         start = time.perf_counter()
         step = self._plan()
@@ -222,6 +212,8 @@ class Scheduler:
             return False
         self.pipeline.launch(step)
         self.runner.launch_forward(step)
+        if step.constrained:
+            self._post_fill(step)
         for s in step.seqs:
             s.inflight_refs += 1
         for s in step.seqs[:step.num_decode]:
@@ -315,6 +307,8 @@ class Scheduler:
             self.prompt_tokens += len(seq.prompt_ids)
             self.cached_tokens += seq.cached_tokens
             self.runner.bind_row(seq.row, seq.pages, seq.params, seq.seed, seq.skill, seq.lora_slot)
+            if isinstance(seq.constraint, GrammarConstraint):
+                seq.constraint.bind(seq.row)
             self.running[seq.request_id] = seq
             n = min(budget, len(seq.prompt_ids) - start)
             chunked.append(seq)
@@ -326,44 +320,63 @@ class Scheduler:
         return Step(self.pipeline.launched, "prefill" if chunks else "decode", decode + chunked, chunks, sampled,
                     any(s.constraint for s in sampled), images, copies)
 
+    def _post_fill(self, step: Step) -> None:
+        """Ask the matcher process for the masks of the step's grammar rows (at launch: it fills them
+        once it has accepted the tokens of the step before, which it does the moment they land)."""
+        indices, rows = [], []
+        for i, s in enumerate(step.sampled):
+            if isinstance(s.constraint, GrammarConstraint) and not s.finalized and not s.constraint.is_terminated():
+                indices.append(i)
+                rows.append(s.constraint.row)
+        if rows:
+            step.grammar_fill = (step.sampled[indices[0]].constraint.process.post_fill(step.slot, indices, rows),
+                                 indices)
+
     def _finalize(self, step: Step, beside: Callable[[], None] | None = None) -> None:
         """Queue the step's sampling. Masks come from committed state: the previous step has
         committed by now whenever this step has a constrained row. `beside` (the rest of that
-        commit) runs on the commit worker while this thread is inside a batched fill, which holds
-        no interpreter lock; without one, it runs here first (only a constrained step, which is
-        masked, is finalized after its launch). Started any earlier, the worker would take the lock
-        at its first release, numpy's included, and the fill would wait for it."""
+        commit) runs before the wait for the matcher process's fill (only a constrained step, which
+        is masked, is finalized after its launch). Then the matcher process is asked to accept the
+        step's grammar rows' tokens as they land."""
         masked = step.constrained
         start = time.perf_counter()
         if masked:
             words = self.runner.mask_rows(step)
-            rows: dict[type, list[tuple[int, TokenConstraint]]] = {}
-            for i, s in enumerate(step.sampled):  # (a terminated constraint has no next token: its row is a zombie)
-                if s.constraint is not None and not s.finalized and not s.constraint.is_terminated():
-                    rows.setdefault(type(s.constraint), []).append((i, s.constraint))
-            batched = {kind for kind in rows if hasattr(kind, "fill_masks")}  # (XGrammar's runs on several threads)
-            unfilled = np.ones(len(words), bool)  # a batched fill writes its rows whole: the others allow all
-            for kind in batched:
-                unfilled[[i for i, _ in rows[kind]]] = False
-            words[unfilled] = ALL_ALLOWED
-            if beside is not None and not batched:
-                beside()
-                beside = None
-            for kind, group in rows.items():
-                if kind in batched:
-                    running = self._worker().submit(beside) if beside is not None else None
-                    beside = None
-                    kind.fill_masks([c for _, c in group], words, [i for i, _ in group])
-                    if running is not None:
-                        running.result()
-                else:
-                    for i, c in group:
-                        words[i] = 0
-                        c.fill_mask(words[i])
+            filled = np.zeros(len(words), bool)  # (rows the matcher process fills, then the rest here)
+            if step.grammar_fill is not None:
+                filled[step.grammar_fill[1]] = True
+            local = [(i, s.constraint) for i, s in enumerate(step.sampled)  # (a terminated constraint has no next
+                     if s.constraint is not None and not isinstance(s.constraint, GrammarConstraint)  # token: its row
+                     and not s.finalized and not s.constraint.is_terminated()]  # is a zombie, anything goes)
+            filled[[i for i, _ in local]] = True
+            words[~filled] = ALL_ALLOWED
+            for i, c in local:
+                words[i] = 0
+                c.fill_mask(words[i])
+            if beside is not None:
+                self._timed("mask_fill", start)
+                beside()  # (its own phase: "text")
+                start = time.perf_counter()
+            if step.grammar_fill is not None:
+                step.sampled[step.grammar_fill[1][0]].constraint.process.wait_filled(step.grammar_fill[0])
             start = self._timed("mask_fill", start)
         self.runner.launch_sampling(step, masked)
         self.pipeline.finalize(step)
+        if masked:
+            self._post_accept(step)
         self._timed("sampling", start)
+
+    def _post_accept(self, step: Step) -> None:
+        """Ask the matcher process to accept the step's tokens of its live grammar rows as they land."""
+        indices, rows = [], []
+        for i, s in enumerate(step.sampled):
+            if isinstance(s.constraint, GrammarConstraint) and not s.finalized:
+                indices.append(i)
+                rows.append(s.constraint.row)
+        if rows:
+            process = step.sampled[indices[0]].constraint.process
+            job = process.post_accept(step.slot, indices, rows)
+            self.runner.slots[step.slot].landing.reader = functools.partial(process.wait_read, job)
 
     def _commit_tokens(self, step: Step) -> list[int]:
         """The first part of a commit: wait for the step's tokens, add them to the live sequences,
@@ -459,6 +472,8 @@ class Scheduler:
             self.free_rows.append(seq.row)
             del self.running[seq.request_id]
             seq.pages, seq.row = [], -1
+            if isinstance(seq.constraint, GrammarConstraint):
+                seq.constraint.free()
             seq.constraint = seq.prefix = None  # frees its matcher, its image
             self._drop_lora(seq)
 

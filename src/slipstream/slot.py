@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .device import DeviceLayer
+from .device import DeviceLayer, SharedHost
 from .kernels.attention import PROGRAM_FIELDS
 from .sampling import MAX_LOGPROBS
 
@@ -51,10 +51,11 @@ def meta_size(max_tokens: int, max_rows: int, max_pages: int, max_programs: int)
 
 
 class DecodeSlot:
-    def __init__(self, index: int, layer: DeviceLayer, max_tokens: int, max_rows: int, max_pages: int,
-                 max_programs: int, vocab_size: int, hidden_size: int, dtype: torch.dtype = torch.float32,
-                 keep_hidden: bool = False) -> None:
-        """`keep_hidden` keeps each step's hidden states of its sampled rows (Moondream's region heads)."""
+    def __init__(self, index: int, layer: DeviceLayer, shared: SharedHost, max_tokens: int, max_rows: int,
+                 max_pages: int, max_programs: int, vocab_size: int, hidden_size: int,
+                 dtype: torch.dtype = torch.float32, keep_hidden: bool = False) -> None:
+        """`shared` holds the bitmask and the landed tokens (`shared_parts`: the matcher process's view);
+        `keep_hidden` keeps each step's hidden states of its sampled rows (Moondream's region heads)."""
         self.index = index
         size = meta_size(max_tokens, max_rows, max_pages, max_programs)
         self.meta_host = layer.pinned(size, torch.int64)
@@ -63,14 +64,14 @@ class DecodeSlot:
         self.host: dict[str, np.ndarray] = {k: v.numpy() for k, v in host.items()}
         self.dev = _views(self.meta_dev, max_tokens, max_rows, max_pages, max_programs)
         words = -(-vocab_size // 32)
-        self.mask_host = layer.pinned((max_rows, words), torch.int32)
+        self.mask_host = shared.take((max_rows, words), torch.int32)
         self.mask_host_np = self.mask_host.numpy()
         self.mask_dev = torch.zeros((max_rows, words), dtype=torch.int32, device=layer.device)
         self.sampled = torch.zeros(max_rows, dtype=torch.int64, device=layer.device)
         self.sampled_event = layer.event()
         self.uploaded_event = layer.event()  # the step's metadata has reached the device
         self.mask_uploaded_event = layer.event()  # the step's bitmask has reached the device
-        self.landing = layer.landing((max_rows,), torch.int64)
+        self.landing = layer.landing((max_rows,), torch.int64, shared)
         self.logprobs = torch.zeros((max_rows, 1 + 2 * MAX_LOGPROBS), dtype=torch.float64, device=layer.device)
         self.logprobs_landing = layer.landing((max_rows, 1 + 2 * MAX_LOGPROBS), torch.float64)
         self.logits_buffer = torch.zeros((max_rows, vocab_size), dtype=torch.float32, device=layer.device)
@@ -84,6 +85,11 @@ class DecodeSlot:
         self.adapted = False  # a decode step with a row under a LoRA adapter: its forward runs the LoRA kernels
         self.logits: torch.Tensor | None = None  # this step's rows of logits_buffer
         self.host_lens: list[tuple[int, int]] = []  # a prefill step's (tokens, context) per sequence (torch path)
+
+    @staticmethod
+    def shared_parts(max_rows: int, vocab_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """What a slot takes from the shared host memory: its landed tokens and its bitmask."""
+        return [((max_rows,), torch.int64), ((max_rows, -(-vocab_size // 32)), torch.int32)]
 
     def release(self) -> None:
         """Called after the commit that read this slot: its landing buffer may be reused now."""

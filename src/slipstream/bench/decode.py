@@ -58,7 +58,7 @@ class Consumer:
     def __init__(self, llm: LLM) -> None:
         self.llm = llm
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.batch: list[tuple[int, str]] = []  # (the callbacks run one at a time, on the loop thread or beside it)
+        self.batch: list[tuple[int, str]] = []  # (the callbacks run one at a time, on the loop thread)
         self.text: dict[int, list[str]] = {}
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()

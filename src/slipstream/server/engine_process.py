@@ -76,7 +76,7 @@ class _Server:
         self.llm, self.outbox, self.send = llm, outbox, send
         self.running = _Running()
         self.pieces = _TokenPieces(llm)
-        self.batch: list[Delta] = []  # (the callbacks run one at a time, on the loop thread or beside it)
+        self.batch: list[Delta] = []  # (the callbacks run one at a time, on the loop thread)
         llm.after_callbacks = self._ship
 
     def _ship(self) -> None:
