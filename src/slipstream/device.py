@@ -40,7 +40,7 @@ class HostLanding:
         sets those rows to -1, which no token id is: another process that reads them (the matcher
         process) sees when the copy has landed."""
         self._n = src.shape[0]
-        self._read()
+        self._wait_for_reader()
         if unlanded:
             self._host_np[: self._n] = -1
         if self.layer.is_cuda:
@@ -62,10 +62,10 @@ class HostLanding:
 
     def poison(self) -> None:
         if not self.layer.is_cuda:
-            self._read()
+            self._wait_for_reader()
             self.host.fill_(POISON)
 
-    def _read(self) -> None:
+    def _wait_for_reader(self) -> None:
         """Before the buffer is written again: another process reading the last landing has read it."""
         if self.reader is not None:
             reader, self.reader = self.reader, None

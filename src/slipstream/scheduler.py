@@ -178,8 +178,8 @@ class Scheduler:
         Blocking (depth 1): launch(t+1), finalize(t+1), commit(t+1). Same code, the depth decides.
 
         A commit is two parts: its tokens in (each constrained row advanced: what the next step's
-        masks are built from; a grammar's matcher has already accepted its token in the matcher
-        process, as it landed), then the rest (text, stop checks, callbacks, finishing, releases).
+        masks are built from; a grammar's matcher accepts its token in the matcher process, as it
+        lands), then the rest (text, stop checks, callbacks, finishing, releases).
         When a constrained step waits for the matcher process's fill, the rest runs meanwhile, and
         is done before the tick ends (invariant 5)."""
         start = time.perf_counter()

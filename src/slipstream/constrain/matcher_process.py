@@ -75,7 +75,8 @@ class MatcherProcess:
         their_jobs.close(), their_control.close()
         self.jobs, self.control = Connection(jobs.detach()), Connection(control.detach())
         self.signals = signals
-        self.lock = threading.RLock()  # (reentrant: a discard may come from a collection inside a compile)
+        self.lock = threading.Lock()  # one control request at a time
+        self.discarded: list[int] = []  # pending matchers to discard with the next control request
         self.posted = 0  # fill jobs posted
         self.accepts = 0  # accept jobs posted
         self.failure: str | None = None  # what the helper reported when it failed
@@ -87,6 +88,7 @@ class MatcherProcess:
     def compile(self, option: str, text: str) -> tuple[int, frozenset[int]]:
         """A pending matcher for one request (ValueError naming the option for a bad grammar)."""
         with self.lock:
+            self._flush_discards()
             self._send(self.control, ("compile", option, text))
             answer = self._answer()
         if answer[0] == "error":
@@ -94,14 +96,25 @@ class MatcherProcess:
         return answer[1], frozenset(answer[2])
 
     def discard(self, mid: int) -> None:
-        with self.lock:
+        """Never waits (a collection may call it on the loop thread): while another request is in
+        flight, the discard goes with the next one."""
+        self.discarded.append(mid)
+        if self.lock.acquire(blocking=False):
             try:
-                self.control.send(("discard", mid))
-            except OSError:  # (closed: the helper, and its matchers, are gone)
-                pass
+                self._flush_discards()
+            finally:
+                self.lock.release()
+
+    def _flush_discards(self) -> None:
+        try:
+            while self.discarded:
+                self.control.send(("discard", self.discarded.pop()))
+        except OSError:  # (closed: the helper, and its matchers, are gone)
+            self.discarded.clear()
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
+            self._flush_discards()
             self._send(self.control, ("stats",))
             return self._answer()
 
@@ -177,6 +190,9 @@ def finalize_discard(owner: object, process: MatcherProcess, mid: int, bound: li
 
 # ---- the helper process ---------------------------------------------------------------------------
 class Helper:
+    """The helper process's state: the shared memory mapped, XGrammar's compiler and its cache, the
+    matchers pending (compiled at submit) and bound (by row); a control thread and a job thread."""
+
     def __init__(self, fd: int, start: tuple) -> None:
         import xgrammar as xgr
 
