@@ -8,7 +8,9 @@ a helper process. It reads each step's sampled tokens where the device copy land
 the next step's bitmasks where the upload reads them, in host memory both processes map
 (device.SharedHost); it starts the moment the tokens land, while the loop thread launches the next
 forward and runs the commit's text work; the loop thread posts which rows to accept and fill (two
-messages a tick) and waits for a counter.
+messages a tick) and waits for a counter. Grammars compile on the helper's control thread: XGrammar
+lets go of the interpreter lock inside a compile (a 16 ms one on the CPU machine left another thread
+running throughout), so the job thread keeps filling meanwhile.
 
 Job channel: from the loop thread only, taken in order by the helper's job thread:
   ("bind", row, mid)                   the matcher made at submit as `mid` now serves `row`
