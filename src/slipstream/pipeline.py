@@ -40,7 +40,7 @@ class Step:
     slot: int = -1
     finalized: bool = False
     num_rows: int = 0  # sampling rows, padding included
-    grammar_fill: tuple[int, list[int]] | None = None  # the matcher process's fill job for its masks, its rows
+    grammar_fill: tuple[Any, int, list[int]] | None = None  # the matcher process, its fill job of the masks, their rows
 
     @property
     def num_decode(self) -> int:

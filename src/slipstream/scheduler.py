@@ -320,17 +320,25 @@ class Scheduler:
         return Step(self.pipeline.launched, "prefill" if chunks else "decode", decode + chunked, chunks, sampled,
                     any(s.constraint for s in sampled), images, copies)
 
+    @staticmethod
+    def _grammar_rows(step: Step, ended: bool) -> tuple[Any, list[int], list[int]]:
+        """The matcher process and the step's live grammar rows: their indices in the step and their
+        rows (`ended`: those whose grammar has ended too)."""
+        process, indices, rows = None, [], []
+        for i, s in enumerate(step.sampled):
+            c = s.constraint
+            if isinstance(c, GrammarConstraint) and not s.finalized and (ended or not c.is_terminated()):
+                process = c.process
+                indices.append(i)
+                rows.append(c.row)
+        return process, indices, rows
+
     def _post_fill(self, step: Step) -> None:
         """Ask the matcher process for the masks of the step's grammar rows (at launch: it fills them
         once it has accepted the tokens of the step before, which it does the moment they land)."""
-        indices, rows = [], []
-        for i, s in enumerate(step.sampled):
-            if isinstance(s.constraint, GrammarConstraint) and not s.finalized and not s.constraint.is_terminated():
-                indices.append(i)
-                rows.append(s.constraint.row)
+        process, indices, rows = self._grammar_rows(step, ended=False)
         if rows:
-            step.grammar_fill = (step.sampled[indices[0]].constraint.process.post_fill(step.slot, indices, rows),
-                                 indices)
+            step.grammar_fill = (process, process.post_fill(step.slot, indices, rows), indices)
 
     def _finalize(self, step: Step, beside: Callable[[], None] | None = None) -> None:
         """Queue the step's sampling. Masks come from committed state: the previous step has
@@ -344,7 +352,7 @@ class Scheduler:
             words = self.runner.mask_rows(step)
             filled = np.zeros(len(words), bool)  # (rows the matcher process fills, then the rest here)
             if step.grammar_fill is not None:
-                filled[step.grammar_fill[1]] = True
+                filled[step.grammar_fill[2]] = True
             local = [(i, s.constraint) for i, s in enumerate(step.sampled)  # (a terminated constraint has no next
                      if s.constraint is not None and not isinstance(s.constraint, GrammarConstraint)  # token: its row
                      and not s.finalized and not s.constraint.is_terminated()]  # is a zombie, anything goes)
@@ -358,7 +366,8 @@ class Scheduler:
                 beside()  # (its own phase: "text")
                 start = time.perf_counter()
             if step.grammar_fill is not None:
-                step.sampled[step.grammar_fill[1][0]].constraint.process.wait_filled(step.grammar_fill[0])
+                process, job, _ = step.grammar_fill
+                process.wait_filled(job)
             start = self._timed("mask_fill", start)
         self.runner.launch_sampling(step, masked)
         self.pipeline.finalize(step)
@@ -368,13 +377,8 @@ class Scheduler:
 
     def _post_accept(self, step: Step) -> None:
         """Ask the matcher process to accept the step's tokens of its live grammar rows as they land."""
-        indices, rows = [], []
-        for i, s in enumerate(step.sampled):
-            if isinstance(s.constraint, GrammarConstraint) and not s.finalized:
-                indices.append(i)
-                rows.append(s.constraint.row)
+        process, indices, rows = self._grammar_rows(step, ended=True)
         if rows:
-            process = step.sampled[indices[0]].constraint.process
             job = process.post_accept(step.slot, indices, rows)
             self.runner.slots[step.slot].landing.reader = functools.partial(process.wait_read, job)
 

@@ -63,15 +63,15 @@ class DecodeSlot:
         host = _views(self.meta_host, max_tokens, max_rows, max_pages, max_programs)
         self.host: dict[str, np.ndarray] = {k: v.numpy() for k, v in host.items()}
         self.dev = _views(self.meta_dev, max_tokens, max_rows, max_pages, max_programs)
-        words = -(-vocab_size // 32)
-        self.mask_host = shared.take((max_rows, words), torch.int32)
+        (tokens, tokens_dtype), (masks, masks_dtype) = self.shared_parts(max_rows, vocab_size)
+        self.mask_host = shared.take(masks, masks_dtype)
         self.mask_host_np = self.mask_host.numpy()
-        self.mask_dev = torch.zeros((max_rows, words), dtype=torch.int32, device=layer.device)
+        self.mask_dev = torch.zeros(masks, dtype=masks_dtype, device=layer.device)
         self.sampled = torch.zeros(max_rows, dtype=torch.int64, device=layer.device)
         self.sampled_event = layer.event()
         self.uploaded_event = layer.event()  # the step's metadata has reached the device
         self.mask_uploaded_event = layer.event()  # the step's bitmask has reached the device
-        self.landing = layer.landing((max_rows,), torch.int64, shared)
+        self.landing = layer.landing(tokens, tokens_dtype, shared)
         self.logprobs = torch.zeros((max_rows, 1 + 2 * MAX_LOGPROBS), dtype=torch.float64, device=layer.device)
         self.logprobs_landing = layer.landing((max_rows, 1 + 2 * MAX_LOGPROBS), torch.float64)
         self.logits_buffer = torch.zeros((max_rows, vocab_size), dtype=torch.float32, device=layer.device)

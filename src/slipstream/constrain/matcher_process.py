@@ -52,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from ..runner import SIGNAL_WORDS
+
 # the signals (ModelRunner.signals) this process publishes: the last fill job done, the last accept job
 # whose landed tokens it has read, a failure
 FILLED, READ, FAILED = 0, 1, 2
@@ -202,7 +204,7 @@ class Helper:
 
         nbytes, (signals, slot_parts), max_rows, words, vocab, vocab_size, stop_ids, threads, cache_size = start
         self.map = mmap.mmap(fd, nbytes)
-        self.signals = np.frombuffer(self.map, np.int64, 8, signals)
+        self.signals = np.frombuffer(self.map, np.int64, SIGNAL_WORDS, signals)
         self.tokens = [np.frombuffer(self.map, np.int64, max_rows, t) for t, _ in slot_parts]
         self.masks = [np.frombuffer(self.map, np.int32, max_rows * words, m).reshape(max_rows, words)
                       for _, m in slot_parts]
