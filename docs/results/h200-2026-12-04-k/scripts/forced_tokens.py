@@ -54,11 +54,17 @@ for name, (schema, inst) in CASES.items():
     jump_chars = 0
     ends = np.cumsum([len(tok.decode([t])) for t in ids])  # each token's end offset in the text
     covered, until = 0, 0  # tokens inside a jump-forward string (from the state before them)
+    run_lengths, run = [], 0  # the forced strings' lengths in tokens
     for i, t in enumerate(ids):
         start = ends[i - 1] if i else 0
         if start >= until:
+            if run:
+                run_lengths.append(run)
+            run = 0
             until = start + len(m.find_jump_forward_string())
-        covered += ends[i] <= until
+        inside = bool(ends[i] <= until)
+        covered += int(inside)
+        run += int(inside)
         m.fill_next_token_bitmask(mask)
         allowed = int(xgr.bitmask_to_bool(mask[0]).sum()) if hasattr(xgr, "bitmask_to_bool") else \
             int(sum(bin(int(w) & 0xffffffff).count("1") for w in mask[0].tolist()))
@@ -70,10 +76,16 @@ for name, (schema, inst) in CASES.items():
             in_run = False
         jump_chars += len(m.find_jump_forward_string()) > 0
         assert m.accept_token(t), (name, text, t)
+    if run:
+        run_lengths.append(run)
+    # a pipeline of depth 2 samples the next two tokens before a jump found after a token can land, so a
+    # forced string of L tokens saves at most L - 2 steps (and turns the row's step into a packed one)
+    saved_depth2 = sum(max(0, n - 2) for n in run_lengths)
     res[name] = dict(tokens=len(ids), forced=forced, forced_share=forced / len(ids), runs=runs,
                      positions_with_jump_string=jump_chars,
-                     tokens_in_jump_strings=int(covered))
+                     tokens_in_jump_strings=int(covered), forced_string_tokens=run_lengths,
+                     steps_saved_at_depth_2=saved_depth2)
     print(f"{name:22s}: {len(ids):3d} tokens, {forced:3d} forced ({100 * forced / len(ids):4.1f}%) in {runs} runs; "
           f"a jump-forward string at {jump_chars} positions; {covered} tokens ({100 * covered / len(ids):.0f}%) "
-          f"lie inside one", flush=True)
+          f"lie inside one, in strings of {run_lengths} tokens: at depth 2 at most {saved_depth2} steps saved", flush=True)
 json.dump(res, open("/tmp/jf/forced_tokens.json", "w"), indent=1)
