@@ -12,7 +12,11 @@ and is timed, as a user pays it.
   reuse, the same finding the image's prefix in the prefix cache, and through one encoded image
   (encoder and prefix prefill once); ms per group.
 - md2-encoder: the vision encoder's forward over 1, 5, 13 and 64 crops as one CUDA graph: ms beside
-  its compute floor (2 x encoder parameters x patches / the dense bf16 peak measured here; GPU only)."""
+  its compute floor (2 x encoder parameters x patches / the dense bf16 peak measured here; GPU only),
+  and md2-query's floors on this GPU: one image's prefill at the dense peak (the encoder over the
+  workload's crops, the projection, the 730-position prefix), so the req/s no engine passes, and a
+  lone request's latency with its 7 decode steps at the weight-read floor (copy bandwidth measured
+  here)."""
 from __future__ import annotations
 
 import itertools
@@ -26,6 +30,8 @@ from PIL import Image
 
 from ..engine import LLM
 from .decode import format_profile, median_cuda_ms, new_profiler, run_threads, take_profile, write_report
+from ..models.moondream.config import IMAGE_TOKENS, PREFIX_LEN
+from ..models.moondream.image import select_tiling
 from ..models.moondream.skills import Skill, caption_prompt, query_prompt
 from ..sampling import SamplingParams
 
@@ -137,17 +143,57 @@ def run_reuse(llm: LLM, groups: int) -> list[SkillResult]:
     return results
 
 
-def run_encoder(llm: LLM, crops: tuple[int, ...] = (1, 5, 13, 64)) -> list[dict[str, float]]:
+def dense_peak(device) -> float:
+    """FLOP per ms of a dense bf16 8192^3 product on `device`."""
+    import torch
+
+    square = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    return 2 * 8192 ** 3 / median_cuda_ms(lambda: square @ square)
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes per ms (read + write) of a 1 GiB device-to-device copy."""
+    import torch
+
+    src = torch.empty(2 ** 29, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    return 2 * 2 ** 30 / median_cuda_ms(lambda: dst.copy_(src))
+
+
+def query_floors(llm: LLM, peak: float, bandwidth: float, image_size: tuple[int, int] = (800, 600),
+                 answer_tokens: int = 8) -> dict[str, float]:
+    """md2-query's floors on this GPU, counted from the loaded model: an image's prefill at the dense
+    peak (2 x parameters x positions for the encoder over the image's crops, the projection of 729
+    positions and the text layers over the 730-position prefix; attention's own FLOPs left out, as in
+    the encoder's floor), and a decode step reading every text weight once at `bandwidth`. The first
+    answer token comes from the prefill step, the others from decode steps."""
+    heads, text = llm.core.runner.heads, llm.core.runner.model
+    cfg = heads.vision.cfg
+    margin = cfg.overlap_margin * cfg.enc_patch_size
+    th, tw = select_tiling(image_size[1] - 2 * margin, image_size[0] - 2 * margin, cfg.crop_size - 2 * margin,
+                           cfg.max_crops)
+    crops = 1 + th * tw
+    encoder = sum(p.numel() for name, p in heads.vision.named_parameters() if not name.startswith("proj_mlp"))
+    projection = sum(p.numel() for p in heads.vision.proj_mlp.parameters())
+    layers = sum(p.numel() for name, p in text.named_parameters() if "embed" not in name and "lm_head" not in name)
+    parts = {"encoder_ms": 2 * encoder * IMAGE_TOKENS * crops / peak,
+             "projection_ms": 2 * projection * IMAGE_TOKENS / peak,
+             "prefix_ms": 2 * layers * PREFIX_LEN / peak}
+    image_ms = sum(parts.values())
+    decode_ms = sum(p.numel() * p.element_size() for p in text.parameters()) / bandwidth
+    return {"crops": crops, "peak_tflops": peak / 1e9, "copy_tb_s": bandwidth / 1e9, **parts,
+            "image_ms": image_ms, "req_s_ceiling": 1000 / image_ms, "decode_step_ms": decode_ms,
+            "lone_request_ms": image_ms + (answer_tokens - 1) * decode_ms}
+
+
+def run_encoder(llm: LLM, peak: float, crops: tuple[int, ...] = (1, 5, 13, 64)) -> list[dict[str, float]]:
     """The vision encoder alone over crop batches, a CUDA graph each, ms (CUDA events, median of 10)
-    beside its floor."""
+    beside its floor at `peak` FLOP per ms."""
     import torch
 
     vision = llm.core.runner.heads.vision
     cfg = vision.cfg
     a_device = llm.core.layer.device
-    square = torch.randn(8192, 8192, device=a_device, dtype=torch.bfloat16)
-    peak = 2 * 8192 ** 3 / median_cuda_ms(lambda: square @ square)  # FLOP per ms (dense bf16)
-    square = None
     params = sum(p.numel() for name, p in vision.named_parameters() if not name.startswith("proj_mlp"))
     rows = []
     for n in crops:
@@ -158,7 +204,7 @@ def run_encoder(llm: LLM, crops: tuple[int, ...] = (1, 5, 13, 64)) -> list[dict[
             with torch.cuda.graph(graph):
                 vision.encode(vision.normalize(x))
         ms = median_cuda_ms(graph.replay)
-        floor = 2 * params * 729 * n / peak
+        floor = 2 * params * IMAGE_TOKENS * n / peak
         rows.append({"crops": n, "ms": ms, "floor_ms": floor, "x_floor": ms / floor})
     return rows
 
@@ -200,7 +246,7 @@ def run(model: str | None, workloads: list[str], modes: list[str], clients: list
         if w not in SKILL_WORKLOADS:
             raise ValueError(f"unknown Moondream workload {w!r}; choose from {', '.join(SKILL_WORKLOADS)}")
     results: list[SkillResult] = []
-    encoder, profiles = [], {}
+    encoder, floors, profiles = [], {}, {}
     for mode in modes:
         llm = LLM(model, device=device, dtype=dtype, mode=mode, **engine_options)
         try:
@@ -211,7 +257,9 @@ def run(model: str | None, workloads: list[str], modes: list[str], clients: list
             for workload in workloads:
                 if workload == "md2-encoder":
                     if not encoder:
-                        encoder = run_encoder(llm)
+                        peak = dense_peak(llm.core.layer.device)
+                        encoder = run_encoder(llm, peak)
+                        floors = query_floors(llm, peak, copy_bandwidth(llm.core.layer.device))
                 elif workload == "md2-reuse":
                     results.extend(run_reuse(llm, 8))
                 else:
@@ -226,8 +274,15 @@ def run(model: str | None, workloads: list[str], modes: list[str], clients: list
     for row in encoder:
         print(f"encoder {row['crops']} crops: {row['ms']:.2f} ms, floor {row['floor_ms']:.2f} ms, "
               f"{row['x_floor']:.2f}x")
+    if floors:
+        print(f"md2-query floors ({floors['crops']} crops; dense bf16 peak {floors['peak_tflops']:.0f} TFLOP/s, copy "
+              f"{floors['copy_tb_s']:.2f} TB/s): an image's prefill {floors['image_ms']:.2f} ms (encoder "
+              f"{floors['encoder_ms']:.2f}, projection {floors['projection_ms']:.2f}, prefix "
+              f"{floors['prefix_ms']:.2f}) -> at most {floors['req_s_ceiling']:.0f} req/s; a decode step "
+              f"{floors['decode_step_ms']:.2f} ms; a lone request {floors['lone_request_ms']:.1f} ms")
     if profiles:
         print(format_profile(profiles))
-    write_report(out, {"results": [asdict(r) for r in results], "encoder": encoder, "profile": profiles,
+    write_report(out, {"results": [asdict(r) for r in results], "encoder": encoder, "floors": floors,
+                       "profile": profiles,
                        "engine_options": engine_options}, lambda png: plot(results, png))
     return results
