@@ -36,6 +36,8 @@ from ..models.moondream.skills import Skill, caption_prompt, query_prompt
 from ..sampling import SamplingParams
 
 QUESTION = "What is the main object in this picture, what color is it, and where is it? Answer briefly."
+IMAGE_SIZE = (800, 600)  # every workload's images (tiling 2x4: 9 crops)
+ANSWER_TOKENS = 8  # md2-query's answers
 SKILL_WORKLOADS = ("md2-query", "md2-caption", "md2-point", "md2-detect", "md2-reuse", "md2-encoder")
 
 
@@ -54,7 +56,7 @@ class SkillResult:
     latency_ms_quantiles: list[float]  # at 0, 1, ..., 100 %: the CDF the plot draws
 
 
-def synthetic_images(n: int, seed: int, size: tuple[int, int] = (800, 600)) -> list[Image.Image]:
+def synthetic_images(n: int, seed: int, size: tuple[int, int] = IMAGE_SIZE) -> list[Image.Image]:
     """Unique smooth random pictures (a coarse random grid, upscaled)."""
     rng = np.random.default_rng(seed)
     w, h = size
@@ -102,7 +104,7 @@ def run_workload(llm: LLM, workload: str, clients: int, max_tokens: int) -> Skil
         prompt = query_prompt(tok, llm.tokenizer.encode(QUESTION))
 
         def request(i):
-            return _text_tokens(llm, images[i], prompt, 8)
+            return _text_tokens(llm, images[i], prompt, ANSWER_TOKENS)
     elif workload == "md2-caption":
         prompt = caption_prompt(tok, "normal")
 
@@ -160,8 +162,8 @@ def copy_bandwidth(device) -> float:
     return 2 * 2 ** 30 / median_cuda_ms(lambda: dst.copy_(src))
 
 
-def query_floors(llm: LLM, peak: float, bandwidth: float, image_size: tuple[int, int] = (800, 600),
-                 answer_tokens: int = 8) -> dict[str, float]:
+def query_floors(llm: LLM, peak: float, bandwidth: float, image_size: tuple[int, int] = IMAGE_SIZE,
+                 answer_tokens: int = ANSWER_TOKENS) -> dict[str, float]:
     """md2-query's floors on this GPU, counted from the loaded model: an image's prefill at the dense
     peak (2 x parameters x positions for the encoder over the image's crops, the projection of 729
     positions and the text layers over the 730-position prefix; attention's own FLOPs left out, as in
