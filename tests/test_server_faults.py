@@ -1,9 +1,9 @@
 """The server survives what clients and machines do: a client that leaves frees its rows, a full
-server answers 429 with Retry-After, SIGTERM drains what is in flight and then exits, the engine
-process's death fails requests at once and turns /health 503, SIGUSR1 prints both processes' stacks
-and serving goes on, and a battery of 2,000 requests (random lengths, a fifth leaving mid-way, a
-tenth malformed or impossible) leaves every request answered or its client gone, no KV page held
-and the server healthy."""
+server answers 429 with Retry-After, SIGTERM drains what is in flight and then exits leaving nothing
+behind, the engine process's death fails requests at once and turns /health 503, SIGUSR1 prints both
+processes' stacks and serving goes on, and a battery of 2,000 requests (random lengths, a fifth
+leaving mid-way, a tenth malformed or impossible) leaves every request answered or its client gone,
+no KV page held and the server healthy."""
 from __future__ import annotations
 
 import asyncio
@@ -73,8 +73,9 @@ def test_over_the_in_flight_limit_a_request_gets_429_with_retry_after(server):
         assert all(a.result().status_code == 200 for a in answers)
 
 
-def test_sigterm_drains_requests_in_flight_then_exits():
-    proc, url = start_server(MODEL)
+def test_sigterm_drains_requests_in_flight_then_exits_leaving_nothing_behind(tmp_path):
+    with open(tmp_path / "stderr", "w") as log:
+        proc, url = start_server(MODEL, stderr=log)
     body = {"prompt": "Once", "max_tokens": 300, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
@@ -85,6 +86,7 @@ def test_sigterm_drains_requests_in_flight_then_exits():
     assert proc.wait(40) in (0, -signal.SIGTERM)  # (uvicorn re-raises the signal once it has drained)
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health")
+    assert "leaked" not in (tmp_path / "stderr").read_text()  # (multiprocessing's resource tracker's warning)
 
 
 @pytest.mark.skipif(not Path("/proc").exists(), reason="finds the engine process through /proc")

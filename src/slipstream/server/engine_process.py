@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import msgspec
 import zmq
+from tqdm import tqdm
 
 from ..engine import LLM, RequestOutput
 from ..models.moondream.skills import SPATIAL_SKILLS
@@ -35,6 +36,9 @@ def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str]
     """The engine process's entry point: load the model and its adapters, say Ready, then serve
     until killed. SIGUSR1 prints every thread's stack to stderr (a stuck engine, diagnosed live)."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # (tqdm's default lock includes a multiprocessing semaphore; the API process terminates this one, so the
+    # semaphore would outlive it and multiprocessing's resource tracker would warn of a leak at shutdown)
+    tqdm.set_lock(threading.RLock())
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     ctx = zmq.Context()
     outputs = ctx.socket(zmq.PUSH)
