@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--arrival-tokens", type=int, default=1024, help="interference: the prompt arriving every step")
 
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="slipstream: %(message)s")
+    logging.basicConfig(format="%(name)s: %(message)s")  # (other libraries: warnings only, under their names)
+    logging.getLogger("slipstream").setLevel(logging.INFO)
     try:
         if args.command == "generate":
             return _generate(args)
