@@ -15,6 +15,13 @@ def _csv(kind):
     return lambda s: [kind(x) for x in s.split(",") if x]
 
 
+def configure_logging() -> None:
+    """slipstream's own INFO messages, under its name; other libraries' warnings only, under theirs. (The
+    server's engine process calls it too: spawn starts it without the parent's configuration.)"""
+    logging.basicConfig(format="%(name)s: %(message)s")
+    logging.getLogger("slipstream").setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="slipstream", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -160,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--arrival-tokens", type=int, default=1024, help="interference: the prompt arriving every step")
 
     args = p.parse_args(argv)
-    logging.basicConfig(format="%(name)s: %(message)s")  # (other libraries: warnings only, under their names)
-    logging.getLogger("slipstream").setLevel(logging.INFO)
+    configure_logging()
     try:
         if args.command == "generate":
             return _generate(args)

@@ -24,6 +24,7 @@ import msgspec
 import zmq
 from tqdm import tqdm
 
+from ..cli import configure_logging
 from ..engine import LLM, RequestOutput
 from ..models.moondream.skills import SPATIAL_SKILLS
 from ..sampling import SamplingParams
@@ -36,6 +37,7 @@ def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str]
     """The engine process's entry point: load the model and its adapters, say Ready, then serve
     until killed. SIGUSR1 prints every thread's stack to stderr (a stuck engine, diagnosed live)."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    configure_logging()  # (the graphs' capture line, as an engine in the API process would print it)
     # (tqdm's default lock includes a multiprocessing semaphore; the API process terminates this one, so the
     # semaphore would outlive it and multiprocessing's resource tracker would warn of a leak at shutdown)
     tqdm.set_lock(threading.RLock())
