@@ -16,7 +16,7 @@ def md():
 
 
 def test_md2_query_floor_counts_the_encoder_over_the_images_crops_the_projection_and_the_prefix(md):
-    peak, bandwidth = 1e9, 1e6  # FLOP and bytes per ms
+    peak, bandwidth = 1e9, 1e9  # FLOP per ms, bytes per second
     vision, text = md.core.runner.heads.vision, md.core.runner.model
     encoder = sum(p.numel() for n, p in vision.named_parameters() if not n.startswith("proj_mlp"))
     projection = sum(p.numel() for p in vision.proj_mlp.parameters())
@@ -30,6 +30,6 @@ def test_md2_query_floor_counts_the_encoder_over_the_images_crops_the_projection
     assert floors["image_ms"] == pytest.approx(floors["encoder_ms"] + floors["projection_ms"] + floors["prefix_ms"])
     assert floors["req_s_ceiling"] == pytest.approx(1000 / floors["image_ms"])
     weights = sum(p.numel() * p.element_size() for p in text.parameters())
-    assert floors["decode_step_ms"] == pytest.approx(weights / bandwidth)
+    assert floors["decode_step_ms"] == pytest.approx(weights / bandwidth * 1e3)
     assert floors["lone_request_ms"] == pytest.approx(floors["image_ms"] + 7 * floors["decode_step_ms"])
     assert query_floors(md, peak, bandwidth, image_size=(378, 378))["crops"] == 2

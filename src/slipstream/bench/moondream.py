@@ -29,9 +29,10 @@ import numpy as np
 from PIL import Image
 
 from ..engine import LLM
-from .decode import format_profile, median_cuda_ms, new_profiler, run_threads, take_profile, write_report
+from .decode import (copy_bandwidth, floor_ms, format_profile, median_cuda_ms, new_profiler, run_threads,
+                     take_profile, write_report)
 from ..models.moondream.config import IMAGE_TOKENS, PREFIX_LEN
-from ..models.moondream.image import select_tiling
+from ..models.moondream.image import image_tiling
 from ..models.moondream.skills import Skill, caption_prompt, query_prompt
 from ..sampling import SamplingParams
 
@@ -153,37 +154,30 @@ def dense_peak(device) -> float:
     return 2 * 8192 ** 3 / median_cuda_ms(lambda: square @ square)
 
 
-def copy_bandwidth(device) -> float:
-    """Bytes per ms (read + write) of a 1 GiB device-to-device copy."""
-    import torch
-
-    src = torch.empty(2 ** 29, device=device, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    return 2 * 2 ** 30 / median_cuda_ms(lambda: dst.copy_(src))
+def encoder_parameters(vision) -> int:
+    """The vision encoder's parameters, the projection's left out: its floor's count."""
+    return sum(p.numel() for name, p in vision.named_parameters() if not name.startswith("proj_mlp"))
 
 
 def query_floors(llm: LLM, peak: float, bandwidth: float, image_size: tuple[int, int] = IMAGE_SIZE,
                  answer_tokens: int = ANSWER_TOKENS) -> dict[str, float]:
     """md2-query's floors on this GPU, counted from the loaded model: an image's prefill at the dense
-    peak (2 x parameters x positions for the encoder over the image's crops, the projection of 729
-    positions and the text layers over the 730-position prefix; attention's own FLOPs left out, as in
-    the encoder's floor), and a decode step reading every text weight once at `bandwidth`. The first
-    answer token comes from the prefill step, the others from decode steps."""
+    `peak` (FLOP per ms; 2 x parameters x positions for the encoder over the image's crops, the
+    projection of 729 positions and the text layers over the 730-position prefix; attention's own
+    FLOPs left out, as in the encoder's floor), and a decode step reading every text weight once at
+    `bandwidth` (bytes per second, decode.copy_bandwidth's). The first answer token comes from the
+    prefill step, the others from decode steps."""
     heads, text = llm.core.runner.heads, llm.core.runner.model
-    cfg = heads.vision.cfg
-    margin = cfg.overlap_margin * cfg.enc_patch_size
-    th, tw = select_tiling(image_size[1] - 2 * margin, image_size[0] - 2 * margin, cfg.crop_size - 2 * margin,
-                           cfg.max_crops)
+    th, tw = image_tiling(image_size, heads.vision.cfg)
     crops = 1 + th * tw
-    encoder = sum(p.numel() for name, p in heads.vision.named_parameters() if not name.startswith("proj_mlp"))
     projection = sum(p.numel() for p in heads.vision.proj_mlp.parameters())
     layers = sum(p.numel() for name, p in text.named_parameters() if "embed" not in name and "lm_head" not in name)
-    parts = {"encoder_ms": 2 * encoder * IMAGE_TOKENS * crops / peak,
+    parts = {"encoder_ms": 2 * encoder_parameters(heads.vision) * IMAGE_TOKENS * crops / peak,
              "projection_ms": 2 * projection * IMAGE_TOKENS / peak,
              "prefix_ms": 2 * layers * PREFIX_LEN / peak}
     image_ms = sum(parts.values())
-    decode_ms = sum(p.numel() * p.element_size() for p in text.parameters()) / bandwidth
-    return {"crops": crops, "peak_tflops": peak / 1e9, "copy_tb_s": bandwidth / 1e9, **parts,
+    decode_ms = floor_ms(llm, 1, 0, bandwidth)  # (no context: the weights alone)
+    return {"crops": crops, "peak_tflops": peak / 1e9, "copy_tb_s": bandwidth / 1e12, **parts,
             "image_ms": image_ms, "req_s_ceiling": 1000 / image_ms, "decode_step_ms": decode_ms,
             "lone_request_ms": image_ms + (answer_tokens - 1) * decode_ms}
 
@@ -196,7 +190,7 @@ def run_encoder(llm: LLM, peak: float, crops: tuple[int, ...] = (1, 5, 13, 64)) 
     vision = llm.core.runner.heads.vision
     cfg = vision.cfg
     a_device = llm.core.layer.device
-    params = sum(p.numel() for name, p in vision.named_parameters() if not name.startswith("proj_mlp"))
+    params = encoder_parameters(vision)
     rows = []
     for n in crops:
         x = torch.randint(0, 256, (n, 3, cfg.crop_size, cfg.crop_size), dtype=torch.uint8, device=a_device)
@@ -261,7 +255,7 @@ def run(model: str | None, workloads: list[str], modes: list[str], clients: list
                     if not encoder:
                         peak = dense_peak(llm.core.layer.device)
                         encoder = run_encoder(llm, peak)
-                        floors = query_floors(llm, peak, copy_bandwidth(llm.core.layer.device))
+                        floors = query_floors(llm, peak, copy_bandwidth())
                 elif workload == "md2-reuse":
                     results.extend(run_reuse(llm, 8))
                 else:

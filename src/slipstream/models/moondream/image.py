@@ -107,6 +107,13 @@ def select_tiling(height: int, width: int, crop: int, max_crops: int) -> tuple[i
     return max(1, h_tiles), max(1, w_tiles)
 
 
+def image_tiling(size: tuple[int, int], cfg: VisionConfig) -> tuple[int, int]:
+    """The local tiles (rows, columns) of an image of `size` (width, height): spec §3.2's select_tiling
+    of its size less the overlap margins, by the stride of a crop less them."""
+    margin = cfg.overlap_margin * cfg.enc_patch_size
+    return select_tiling(size[1] - 2 * margin, size[0] - 2 * margin, cfg.crop_size - 2 * margin, cfg.max_crops)
+
+
 def prepare_image(image: Image.Image, cfg: VisionConfig, pin: bool = False) -> ImageCrops:
     """The host's part: the tiling and the resize plans of an RGB image, its pixels copied once (into
     page-locked memory where `pin`, so their upload to the device is asynchronous) and hashed. On
@@ -117,7 +124,7 @@ def prepare_image(image: Image.Image, cfg: VisionConfig, pin: bool = False) -> I
     c, margin = cfg.crop_size, cfg.overlap_margin * cfg.enc_patch_size
     window = c - 2 * margin
     w, h = image.size
-    th, tw = select_tiling(h - 2 * margin, w - 2 * margin, window, cfg.max_crops)
+    th, tw = image_tiling(image.size, cfg)
     tiled_w, tiled_h = tw * window + 2 * margin, th * window + 2 * margin
     plans = tuple(torch.from_numpy(resize_plan(n, out)) for n, out in ((w, c), (h, c), (w, tiled_w), (h, tiled_h)))
     if pin:
