@@ -213,14 +213,16 @@ def test_rotary_in_place_matches_the_torch_rotary(rot, dtype):
 
 
 def lora_case(t: int, k: int, n: int, dtype: torch.dtype, seed: int):
-    """Stacks of three adapters (ranks 16, 5 and 33 of width 48; past a rank, NaN that nothing may
-    read) and rows of each and of none, in random order."""
+    """Stacks of three adapters (ranks 16, 5 and 33 of width 48; past a rank, and in slot 0, zeros, as
+    the bank keeps them: the decode kernels read a slot's whole width) and rows of each and of none,
+    in random order."""
     g = torch.Generator().manual_seed(seed)
     a = (torch.randn(4, 48, k, generator=g) * 0.1).to(dtype)
     b = (torch.randn(4, n, 48, generator=g) * 0.1).to(dtype)
     ranks = torch.tensor([0, 16, 5, 33], dtype=torch.int32)
-    a[2, 5:] = float("nan")
-    b[2, :, 5:] = float("nan")
+    for s, r in enumerate(ranks.tolist()):
+        a[s, r:] = 0
+        b[s, :, r:] = 0
     slots = torch.randint(0, 4, (t,), generator=g)
     slots[0] = 0
     return a, b, ranks, slots
@@ -763,7 +765,7 @@ def test_gelu_columns_kernel_is_gelu_of_the_trailing_columns_into_a_strided_buff
 def test_lora_kernels_add_each_rows_adapter_and_leave_rows_without_one(t, k, n, dtype, monkeypatch):
     """Rows of three adapters (ranks 16, 5 and 33 of stacks sized 48) and rows of none, in any
     order, x a strided view, the features split over programs or not: the shrink and expand add
-    what the torch reference adds, over each slot's own rank only, and rows of slot 0 are left as
+    what the torch reference adds, over each slot's own rank, and rows of slot 0 are left as
     they were; given a base, the output is base + delta and the base is untouched. The partials
     buffer starts as NaN: no program reads a part of it that none wrote."""
     from slipstream.kernels import lora

@@ -158,6 +158,24 @@ def test_slots_are_reused_only_when_nobody_holds_them(family, monkeypatch):
             assert tie_aware_equal(refs[name], prompt, o.token_ids, hf_greedy(refs[name], prompt, 6, tm.eos_id))
 
 
+def test_a_reused_slot_holds_zeros_past_what_its_adapter_fills(family):
+    """The decode kernels read a slot's whole width, whatever its adapter's rank (kernels.lora.lora_b):
+    a slot that served a rank-16 adapter on every projection, then one of rank 8 on q and v, holds
+    zeros past the second one's packed rank and in the projections it leaves out."""
+    tm, root, refs = family
+    with make_llm(tm, root, max_loras=1) as llm:
+        for name in ("b", "c"):
+            llm.generate([5, 6, 7], SamplingParams(max_tokens=2, lora=name))
+        bank = llm.core.lora
+        assert bank._slot_of == {"c": 1}
+        for layer in bank.stacks:
+            for target, (a, b, rank) in layer.items():
+                r = int(rank[1])
+                assert r == (16 if target in ("qkv", "in") else 0), (target, r)  # (q and v: 8 + 8)
+                assert not a[1, r:].any() and not b[1, :, r:].any(), target
+                assert a[1, :r].any() == b[1, :, :r].any() == (r > 0), target
+
+
 def test_more_adapters_than_slots_take_turns_and_every_request_finishes(family):
     """As vLLM's scheduler does: a request whose adapter finds no free slot waits for one; none is refused."""
     tm, root, refs = family

@@ -80,13 +80,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
         if isinstance(lora, LoraShrunk):
             assert defer
-            return PendingSum(skinny_linear(x, weight, defer=True), bias, residual, (lora.parts, lora.weights))
+            return PendingSum(skinny_linear(x, weight, defer=True, early_dependents=True), bias, residual,
+                              (lora.parts, lora.weights))
         if shrink_next is not None:
             return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out, lora=lora,
                                  shrink_next=shrink_next.weights, next_parts=shrink_next.parts)
 
         if defer and lora_in_norm and isinstance(lora, LoraWeights) and max(weight.shape) <= NORM_MAX_FEATURES:
-            return PendingSum(skinny_linear(x, weight, defer=True), bias, residual,
+            return PendingSum(skinny_linear(x, weight, defer=True, early_dependents=True), bias, residual,
                               (x, lora._replace(slots=lora.slots[: x.shape[0]])))
         delta = lora
         if isinstance(lora, LoraWeights):  # (the shrink's own launch; the expand inside the GEMM's epilogue)

@@ -81,23 +81,21 @@ if HAS_TRITON:
         return tl.dot(a, tl.trans(b))
 
     @triton.jit
-    def lora_rows(v_ptr, slot_ptr, rm, M, R, stride_v, BLOCK_R: tl.constexpr):
-        """The rows rm's slots (0 past M) and v (width R): `lora_delta_by_slot`'s operands."""
+    def lora_rows(v_ptr, rm, M, R, stride_v, BLOCK_R: tl.constexpr):
+        """The rows rm's v (width R; zero past M): `lora_delta_by_slot`'s operand."""
         rr = tl.arange(0, BLOCK_R)
-        slots = tl.load(slot_ptr + rm, mask=rm < M, other=0)
-        v = tl.load(v_ptr + rm[:, None] * stride_v + rr[None, :], mask=(rm[:, None] < M) & (rr[None, :] < R), other=0.0)
-        return slots, v
+        return tl.load(v_ptr + rm[:, None] * stride_v + rr[None, :], mask=(rm[:, None] < M) & (rr[None, :] < R),
+                       other=0.0)
 
     @triton.jit
-    def lora_spread_rows(v_ptr, slot_ptr, rm, M, R, stride_v, SLOTS_P2: tl.constexpr, BLOCK_R: tl.constexpr):
-        """The rows rm's slots (0 past M) and each row's v (width R) in its own slot's rank columns,
-        zero in the others ([rows, SLOTS_P2 * BLOCK_R], column s * BLOCK_R + j = slot s + 1's rank
-        column j): `lora_delta`'s operand, read so from memory (built in registers it took 197 of
-        them a thread in qkv's GEMM for sm_90, 143 so)."""
-        slots = tl.load(slot_ptr + rm, mask=rm < M, other=0)
+    def lora_spread_rows(v_ptr, slots, rm, R, stride_v, SLOTS_P2: tl.constexpr, BLOCK_R: tl.constexpr):
+        """Each row's v (width R) in its own slot's rank columns, zero in the others ([rows, SLOTS_P2 *
+        BLOCK_R], column s * BLOCK_R + j = slot s + 1's rank column j; a row of slot 0 all zero):
+        `lora_delta`'s operand, read so from memory (built in registers it took 197 of them a thread in
+        qkv's GEMM for sm_90, 143 so)."""
         cols = tl.arange(0, SLOTS_P2 * BLOCK_R)
         mine = (slots[:, None] == (cols // BLOCK_R + 1)[None, :]) & (cols % BLOCK_R < R)[None, :]
-        return slots, tl.load(v_ptr + rm[:, None] * stride_v + (cols % BLOCK_R)[None, :], mask=mine, other=0.0)
+        return tl.load(v_ptr + rm[:, None] * stride_v + (cols % BLOCK_R)[None, :], mask=mine, other=0.0)
 
     @triton.jit
     def _rank_columns(slots, rank_ptr, NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, BLOCK_R: tl.constexpr):
@@ -111,14 +109,19 @@ if HAS_TRITON:
         return col_slot, cols % BLOCK_R, present & (cols % BLOCK_R < rank)
 
     @triton.jit
-    def lora_b(b_ptr, rank_ptr, slots, rn, N, stride_bs, stride_bn, NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr,
+    def lora_b(b_ptr, rn, N, R, stride_bs, stride_bn, NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr,
                BLOCK_R: tl.constexpr):
         """For the columns rn, every slot's B side by side ([columns, SLOTS_P2 * BLOCK_R], column s *
-        BLOCK_R + j = slot s + 1's rank column j; zero past a slot's rank and for slots no row of the
-        tile holds): `lora_delta`'s operand, loaded before a GEMM's main loop."""
-        col_slot, j, ok = _rank_columns(slots, rank_ptr, NUM_SLOTS, SLOTS_P2, BLOCK_R)
+        BLOCK_R + j = slot s + 1's rank column j, R of them): `lora_delta`'s operand, loaded before a
+        GEMM's wait. Every slot's, whether or not a row holds it, and all R columns, whatever its rank:
+        the bank keeps what no adapter fills at zero (lora.bank), and masks that depend only on
+        constants leave the loads 16 bytes wide (masked by the rows' slots and ranks they were 2 bytes
+        wide: 64 loads a thread in qkv's GEMM)."""
+        cols = tl.arange(0, SLOTS_P2 * BLOCK_R)
+        col_slot = cols // BLOCK_R + 1
+        j = cols % BLOCK_R
         return tl.load(b_ptr + col_slot[None, :] * stride_bs + rn[:, None] * stride_bn + j[None, :],
-                       mask=ok[None, :] & (rn[:, None] < N), other=0.0)
+                       mask=((col_slot <= NUM_SLOTS) & (j < R))[None, :] & (rn[:, None] < N), other=0.0)
 
     @triton.jit
     def lora_delta(v, b, UPCAST: tl.constexpr):
@@ -222,7 +225,8 @@ if HAS_TRITON:
         prompts 1.2-1.7x slower, run b)."""
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        slots, v = lora_rows(v_ptr, slot_ptr, rm, T, R, stride_v, BLOCK_R)
+        slots = tl.load(slot_ptr + rm, mask=rm < T, other=0)
+        v = lora_rows(v_ptr, rm, T, R, stride_v, BLOCK_R)
         acc = lora_delta_by_slot(slots, v, b_ptr, rank_ptr, rn, N, stride_bs, stride_bn, NUM_SLOTS, BLOCK_M, BLOCK_N,
                                  BLOCK_R, UPCAST)
         ok = (rm[:, None] < T) & (rn[None, :] < N)

@@ -25,8 +25,8 @@ from .lora import LoraDelta, LoraWeights, rank_block
 
 @triton.jit
 def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr, slot_ptr,
-                 ph_ptr, pa_ptr, pb_ptr, prank_ptr, na_ptr, nrank_ptr, v_ptr,
-                 rows, D, KP, NR, eps, stride_x, stride_o, stride_ph, stride_phr, stride_pas, stride_par, stride_pbs,
+                 ph_ptr, pa_ptr, pb_ptr, na_ptr, nrank_ptr, v_ptr,
+                 rows, D, KP, PW, NR, eps, stride_x, stride_o, stride_ph, stride_phr, stride_pas, stride_par, stride_pbs,
                  stride_pbn, stride_nas, stride_nar, stride_v,
                  RMS: tl.constexpr, SPLITS: tl.constexpr, PART_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
                  PREV_LORA: tl.constexpr, PREV_PARTS: tl.constexpr, BLOCK_KP: tl.constexpr, BLOCK_PR: tl.constexpr,
@@ -36,7 +36,11 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
     PREV_LORA: the GEMM that left the partials had an adapter, whose delta for this row (its input
     row at ph_ptr, KP features; A and B stacks, the row's slot) joins the sum before the bias;
     PREV_PARTS: ph_ptr holds instead the shrink's shares of KP tiles of the GEMM before that one
-    (linear.LoraShrunk), summed here into v.
+    (linear.LoraShrunk), summed here into v. That delta is computed before the wait: its inputs come
+    from the kernel before the GEMM, which had completed when the GEMM's programs passed their wait, and
+    a kernel's programs trigger their dependents' launch only after their own wait (every kernel here;
+    the GEMM triggers right after it, `skinny_gemm`'s EARLY_DEPENDENTS, so the delta's work runs beside
+    its main loop).
     NEXT_LORA: the shrink of the projection after the norm, v = out @ A[slot].T (rounded), into
     v_ptr: the GEMM then only expands (kernels.lora.LoraDelta). Program (row, c) computes its 16 rank
     columns from c * 16 on, its A tile loaded before the wait; each program normalizes the row, the
@@ -54,15 +58,24 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
         rr = chunk * 16 + tl.arange(0, 16)
         a = tl.load(na_ptr + slot * stride_nas + rr[:, None] * stride_nar + cols[None, :],
                     mask=(rr[:, None] < nrank) & ok[None, :], other=0.0)
-    if PREV_LORA:  # (its weights' loads issued before the wait: they come from no kernel of the step)
+    if PREV_LORA:  # before the wait (invariant: see the docstring), while the GEMM before runs
         pr = tl.arange(0, BLOCK_PR)
         kp = tl.arange(0, BLOCK_KP)
-        prank = tl.load(prank_ptr + slot)
-        if not PREV_PARTS:
-            pa = tl.load(pa_ptr + slot * stride_pas + pr[:, None] * stride_par + kp[None, :],
-                         mask=(pr[:, None] < prank) & (kp[None, :] < KP), other=0.0)
+        # (all PW rank columns whatever the slot's rank, and slot 0's: the bank keeps what no adapter
+        # fills at zero, and masks of constants leave the loads 16 bytes wide; kernels.lora.lora_b)
         pb = tl.load(pb_ptr + slot * stride_pbs + cols[None, :] * stride_pbn + pr[:, None],
-                     mask=(pr[:, None] < prank) & ok[None, :], other=0.0)
+                     mask=(pr[:, None] < PW) & ok[None, :], other=0.0)
+        if PREV_PARTS:  # (.cg: written by a kernel of this step, read past L1)
+            parts = tl.load(ph_ptr + kp[None, :] * stride_ph + row * stride_phr + pr[:, None],
+                            mask=(kp[None, :] < KP) & (pr[:, None] < PW), other=0.0, cache_modifier=".cg")
+            v = tl.sum(parts, axis=1)
+        else:
+            pa = tl.load(pa_ptr + slot * stride_pas + pr[:, None] * stride_par + kp[None, :],
+                         mask=(pr[:, None] < PW) & (kp[None, :] < KP), other=0.0)
+            h = tl.load(ph_ptr + row * stride_ph + kp, mask=kp < KP, other=0.0, cache_modifier=".cg")
+            v = tl.sum(pa.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
+        v = v.to(x_ptr.dtype.element_ty).to(tl.float32)  # (rounded as kernels.lora's reference rounds it)
+        delta = tl.sum(pb.to(tl.float32) * v[:, None], axis=0)
     if PDL:  # (see skinny_gemm)
         tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
@@ -70,16 +83,8 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
         acc = tl.zeros([BLOCK_D], tl.float32)
         for s in tl.static_range(SPLITS):
             acc += tl.load(part_ptr + (s * rows + row) * D + cols, mask=ok, other=0.0)
-        if PREV_LORA:  # (v rounded to the activation dtype, as kernels.lora's reference rounds it)
-            if PREV_PARTS:
-                parts = tl.load(ph_ptr + kp[None, :] * stride_ph + row * stride_phr + pr[:, None],
-                                mask=(kp[None, :] < KP) & (pr[:, None] < prank), other=0.0)
-                v = tl.sum(parts, axis=1)
-            else:
-                h = tl.load(ph_ptr + row * stride_ph + kp, mask=kp < KP, other=0.0).to(tl.float32)
-                v = tl.sum(pa.to(tl.float32) * h[None, :], axis=1)
-            v = v.to(x_ptr.dtype.element_ty).to(tl.float32)
-            acc += tl.sum(pb.to(tl.float32) * v[:, None], axis=0)
+        if PREV_LORA:
+            acc += delta
         if PART_BIAS:
             acc += tl.load(part_bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
         x = (acc.to(x_ptr.dtype.element_ty).to(tl.float32) + x).to(x_ptr.dtype.element_ty)
@@ -110,7 +115,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
     block = triton.next_power_of_2(d)
     parts, part_bias = (pending.partials, pending.bias) if pending is not None else (None, None)
     prev = pending.lora if pending is not None else None
-    ph, (pa, pb, prank, pslots) = prev if prev is not None else (x, (x[None], x[None], x, x))
+    ph, (pa, pb, _, pslots) = prev if prev is not None else (x, (x[None], x[None], x, x))
     from_parts = ph.dim() == 3  # (a LoraShrunk's parts [tiles, rows, width]: KP counts the tiles)
     kp, stride_ph, stride_phr = ((ph.shape[0], ph.stride(0), ph.stride(1)) if from_parts
                                  else (ph.shape[1], ph.stride(0), 0))
@@ -122,7 +127,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
     grid = (rows, triton.cdiv(na.shape[1], 16) if shrink is not None else 1)
     _norm_kernel[grid](x, weight, weight if bias is None else bias, out, x if parts is None else parts,
                        weight if part_bias is None else part_bias, out if total is None else total, slots,
-                       ph, pa, pb, prank, na, nrank, v, rows, d, kp, na.shape[1], eps,
+                       ph, pa, pb, na, nrank, v, rows, d, kp, pa.shape[1], na.shape[1], eps,
                        x.stride(0), out.stride(0), stride_ph, stride_phr, pa.stride(0), pa.stride(1), pb.stride(0),
                        pb.stride(1), na.stride(0), na.stride(1), v.stride(0),
                        RMS=rms, SPLITS=0 if parts is None else parts.shape[0], PART_BIAS=part_bias is not None,

@@ -84,16 +84,19 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
                           EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, DEFER: tl.constexpr,
                           LORA_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, ONE_PRODUCT: tl.constexpr,
                           BLOCK_R: tl.constexpr, na_ptr, nrank_ptr, npart_ptr, NK, stride_nas, stride_nar,
-                          NEXT_W: tl.constexpr, PDL: tl.constexpr):
+                          NEXT_W: tl.constexpr, EARLY_DEPENDENTS: tl.constexpr, PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
     sums the partials in split order (deterministic), runs the epilogue and resets the counter.
     DEFER: every program only leaves its partial; the next kernel sums them (linear.PendingSum).
     LORA_SLOTS > 0: the programs of the first K range add each row's adapter delta (kernels.lora), in
-    one product over all slots, their B loaded before the main loop (ONE_PRODUCT), or one a slot.
+    one product over all slots, their B loaded before the wait (ONE_PRODUCT), or one a slot.
     NEXT_W > 0 (SwiGLU, one K range, with LORA_SLOTS): each program also leaves its tile's share of
     the next projection's shrink, from its outputs as stored ([tiles, M, NEXT_W] fp32 at npart_ptr;
-    kernels.lora.lora_shrink_part), which the norm finishing that projection's sum adds up."""
+    kernels.lora.lora_shrink_part), which the norm finishing that projection's sum adds up.
+    EARLY_DEPENDENTS: the next kernel's launch is triggered right after the wait, not after the main
+    loop (a one-wave grid whose next kernel has work to do before its own wait: an RMSNorm adding an
+    adapter's delta, kernels.norm)."""
     act_dtype = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -104,20 +107,25 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     col_ok = rn < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_start = pid_k * K_SPLIT
-    if PDL:  # x (and the arrival counters) come from earlier kernels
-        tl.extra.cuda.gdc_wait()
-    if LORA_SLOTS > 0:
+    if LORA_SLOTS > 0:  # (the rows' slots, a step input, and the adapters' stacks: read before the wait)
         # (only the first K range adds the delta: the others' rows count as none, so they load nothing)
         rows = M * (pid_k == 0).to(tl.int32)
+        slots = tl.load(slot_ptr + rm, mask=rm < rows, other=0)
         if ONE_PRODUCT:
-            slots, v = lora_spread_rows(v_ptr, slot_ptr, rm, rows, V_WIDTH, stride_v, SLOTS_P2, BLOCK_R)
-            lb = lora_b(lb_ptr, rank_ptr, slots, rn, N, stride_lbs, stride_lbn, LORA_SLOTS, SLOTS_P2, BLOCK_R)
-        else:
-            slots, v = lora_rows(v_ptr, slot_ptr, rm, rows, V_WIDTH, stride_v, BLOCK_R)
+            lb = lora_b(lb_ptr, rn, N, V_WIDTH, stride_lbs, stride_lbn, LORA_SLOTS, SLOTS_P2, BLOCK_R)
     if NEXT_W > 0:
         rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)  # (the next projection's input features here)
         next_a = lora_shrink_operand(na_ptr, nrank_ptr, slots, rh, NK, stride_nas, stride_nar, LORA_SLOTS, SLOTS_P2,
                                      NEXT_W)
+    if PDL:  # x, v (and the arrival counters) come from earlier kernels
+        tl.extra.cuda.gdc_wait()
+        if EARLY_DEPENDENTS:
+            tl.extra.cuda.gdc_launch_dependents()
+    if LORA_SLOTS > 0:
+        if ONE_PRODUCT:
+            v = lora_spread_rows(v_ptr, slots, rm, V_WIDTH, stride_v, SLOTS_P2, BLOCK_R)
+        else:
+            v = lora_rows(v_ptr, rm, rows, V_WIDTH, stride_v, BLOCK_R)
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
         kk = k0 + rk
         w_ptrs = w_ptr + rn[:, None] * stride_wn + kk[None, :]
@@ -132,8 +140,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(w))
-    if PDL:  # the next kernel may start its launch now; it waits for this grid to finish before it reads
-        tl.extra.cuda.gdc_launch_dependents()
+    if PDL and not EARLY_DEPENDENTS:  # the next kernel may start its launch now; it waits for this grid to
+        tl.extra.cuda.gdc_launch_dependents()  # finish before it reads
     if LORA_SLOTS > 0:
         if pid_k == 0:
             if ONE_PRODUCT:
@@ -199,14 +207,16 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
                   out: torch.Tensor | None = None, config: Config | None = None, defer: bool = False,
                   lora: LoraDelta | None = None, shrink_next: LoraWeights | None = None,
-                  next_parts: torch.Tensor | None = None) -> torch.Tensor:
+                  next_parts: torch.Tensor | None = None, early_dependents: bool = False) -> torch.Tensor:
     """x [M, K], weight [N, K] -> [M, N] with M <= 64 ([M, N / 2] for "swiglu", whose weight rows
     interleave gate and up); GELU applies to output columns from `act_from` on. Rows of x,
     residual and out may be strided; features must be contiguous. `defer`: x @ W.T only, returned as
     its split-K partials [splits, M, N] (fp32) for the next kernel to sum (see linear.PendingSum).
     `lora`: each row's adapter delta, added to x @ W.T (before the bias and the activation).
     `shrink_next` (with "swiglu" and `lora`): the next projection's adapters, whose shrink each
-    output tile starts into `next_parts` ([tiles, M, width] fp32, `next_shrink_parts`)."""
+    output tile starts into `next_parts` ([tiles, M, width] fp32, `next_shrink_parts`).
+    `early_dependents`: the next kernel launches once this one's programs have waited for theirs (its
+    work before its own wait then runs beside this GEMM's main loop; for one-wave grids)."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= 64 and weight.shape[1] == k, (x.shape, weight.shape)
@@ -238,7 +248,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         v.stride(0), lb.stride(0), lb.stride(1), LORA_SLOTS=lb.shape[0] - 1, SLOTS_P2=slots_p2,
         ONE_PRODUCT=lora is not None and one_product(lb.shape[0] - 1, v.shape[1]), BLOCK_R=block_r, na_ptr=na,
         nrank_ptr=nranks, npart_ptr=next_parts if next_parts is not None else out, NK=na.shape[2],
-        stride_nas=na.stride(0), stride_nar=na.stride(1), NEXT_W=next_w,
+        stride_nas=na.stride(0), stride_nar=na.stride(1), NEXT_W=next_w, EARLY_DEPENDENTS=early_dependents,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,

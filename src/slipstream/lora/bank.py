@@ -245,9 +245,12 @@ class LoraBank:
             for i, layer in enumerate(self.stacks):
                 for name, (a, b, r) in layer.items():
                     packed = adapter.weights.get((i, name))
-                    if packed is not None:
+                    if packed is not None:  # (zero past its rank: packed so)
                         a[slot].copy_(packed[0])
                         b[slot].copy_(packed[1])
+                    else:  # (the decode kernels read a slot's whole width, whatever its rank: kernels.lora.lora_b)
+                        a[slot].zero_()
+                        b[slot].zero_()
                     r[slot].fill_(packed[2] if packed is not None else 0)
         if self._stream is not None:
             self._stream.synchronize()
