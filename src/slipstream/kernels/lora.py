@@ -9,9 +9,9 @@ last to arrive at its (tile, slot) counter sums them in split order; v is rounde
 dtype, as the reference rounds it. It joins the step's chain of PDL launches (see skinny_gemm).
 
 The expand (`lora_delta`) is a tile of rows and output columns: one product of the rows' v, each
-placed in its slot's rank columns, by every present slot's B tile side by side (`lora_b`), whose
-loads are issued before the GEMM's main loop (past ONE_PRODUCT_COLUMNS rank columns, a product per
-slot after it: `lora_delta_by_slot`). It runs inside the skinny GEMM's epilogue, adding the
+placed in its slot's rank columns, by every slot's B tile side by side (`lora_b`), whose loads are
+issued before the GEMM's PDL wait (past ONE_PRODUCT_COLUMNS rank columns, a product per slot after
+the main loop: `lora_delta_by_slot`). It runs inside the skinny GEMM's epilogue, adding the
 delta to the accumulator before the bias, the activation and the residual (kernels.linear), so a
 decode step pays one launch per adapted projection, not three, and keeps SwiGLU and the deferred
 residual sum fused; elsewhere (prefill steps) in an expand kernel of its own after cuBLAS.
@@ -20,7 +20,9 @@ A Llama-family decode step launches no LoRA kernel at all: the RMSNorm before qk
 gate_up computes their shrink (a program per row and 16 rank columns, kernels.norm.rms_norm_shrink),
 the RMSNorm after o adds o's whole delta, gate_up's SwiGLU tiles each leave their share of down's
 shrink (`lora_shrink_operand`, `lora_shrink_part`) and the RMSNorm after down sums the shares and
-adds its delta (kernels.linear's `lora_in_norm`, `LoraShrunk`).
+adds its delta (kernels.linear's `lora_in_norm`, `LoraShrunk`). A norm computes the delta of the
+GEMM before it before its own wait, beside that GEMM's main loop: its inputs come from the kernel
+before that GEMM (kernels.norm).
 
 Why: a decode step has one or two row tiles. Looping over the slots and all the features inside
 each row tile's program, the H200 measured a Qwen2.5-0.5B decode step with 8 adapters over 32 rows
@@ -28,10 +30,14 @@ at 11x the step without LoRA; splitting the features alone at 3.8x; slots in the
 MAX_SPLITS partials, which the expand summed chunk by chunk of the rank, at 3.1x, with the expand
 at 6-15 µs a projection, a chain of dependent loads; in the GEMM's epilogue, a product per slot,
 at 2.3x; one product over all slots, B loaded before the main loop, at 2.0x; the shrinks and the
-deferred deltas in the norms, at 1.74x (docs/benchmarks.md, runs p, q, a, b and c; a step with no
-adapter row runs without any of this). Slot 0 is no adapter: its rows get nothing added. Each
-slot's packed rank (`ranks`) bounds the reads: adapters of low rank read only their own columns of
-the stacks sized for the largest.
+deferred deltas in the norms, at 1.74x; the stacks and slots read before the wait in 16-byte loads,
+the deferred deltas before the norms' waits, at 1.39x (docs/benchmarks.md, runs p, q, a, b, c and m;
+a step with no adapter row runs without any of this). Slot 0 is no adapter: its rows get nothing
+added. The decode kernels read a slot's whole width, whatever its rank: the bank keeps what no
+adapter fills at zero (lora.bank), so the masks of those loads depend only on constants and the
+loads stay 16 bytes wide (masked by each slot's rank they were 2 bytes wide: 64 loads a thread in
+qkv's GEMM, 1,584 instructions against 728 so). The shrink and prefill's expand read only up to
+each slot's packed rank (`ranks`).
 
 The torch reference rounds as the expand kernel does: v is rounded to the activation dtype, the
 product accumulated in fp32 onto base read in fp32, rounded once."""
@@ -113,10 +119,8 @@ if HAS_TRITON:
                BLOCK_R: tl.constexpr):
         """For the columns rn, every slot's B side by side ([columns, SLOTS_P2 * BLOCK_R], column s *
         BLOCK_R + j = slot s + 1's rank column j, R of them): `lora_delta`'s operand, loaded before a
-        GEMM's wait. Every slot's, whether or not a row holds it, and all R columns, whatever its rank:
-        the bank keeps what no adapter fills at zero (lora.bank), and masks that depend only on
-        constants leave the loads 16 bytes wide (masked by the rows' slots and ranks they were 2 bytes
-        wide: 64 loads a thread in qkv's GEMM)."""
+        GEMM's wait. Every slot's, whether or not a row holds it, and all R columns, whatever its
+        rank (zeros past it: see the module's docstring)."""
         cols = tl.arange(0, SLOTS_P2 * BLOCK_R)
         col_slot = cols // BLOCK_R + 1
         j = cols % BLOCK_R
