@@ -110,11 +110,11 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     if LORA_SLOTS > 0:  # (the rows' slots, a step input, and the adapters' stacks: read before the wait)
         # (only the first K range adds the delta: the others' rows and columns count as none, so they
         # load nothing)
-        rows = M * (pid_k == 0).to(tl.int32)
+        first = (pid_k == 0).to(tl.int32)
+        rows = M * first
         slots = tl.load(slot_ptr + rm, mask=rm < rows, other=0)
         if ONE_PRODUCT:
-            lb = lora_b(lb_ptr, rn, N * (pid_k == 0).to(tl.int32), V_WIDTH, stride_lbs, stride_lbn, LORA_SLOTS,
-                        SLOTS_P2, BLOCK_R)
+            lb = lora_b(lb_ptr, rn, N * first, V_WIDTH, stride_lbs, stride_lbn, LORA_SLOTS, SLOTS_P2, BLOCK_R)
     if NEXT_W > 0:
         rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)  # (the next projection's input features here)
         next_a = lora_shrink_operand(na_ptr, nrank_ptr, slots, rh, NK, stride_nas, stride_nar, LORA_SLOTS, SLOTS_P2,

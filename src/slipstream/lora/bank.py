@@ -248,9 +248,10 @@ class LoraBank:
                     if packed is not None:  # (zero past its rank: packed so)
                         a[slot].copy_(packed[0])
                         b[slot].copy_(packed[1])
+                        r[slot].fill_(packed[2])
                     else:  # (the decode kernels read a slot's whole width, whatever its rank: kernels.lora.lora_b)
                         a[slot].zero_()
                         b[slot].zero_()
-                    r[slot].fill_(packed[2] if packed is not None else 0)
+                        r[slot].fill_(0)
         if self._stream is not None:
             self._stream.synchronize()
