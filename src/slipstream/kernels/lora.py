@@ -11,10 +11,11 @@ dtype, as the reference rounds it. It joins the step's chain of PDL launches (se
 The expand (`lora_delta`) is a tile of rows and output columns: one product of the rows' v, each
 placed in its slot's rank columns, by every slot's B tile side by side (`lora_b`), whose loads are
 issued before the GEMM's PDL wait (past ONE_PRODUCT_COLUMNS rank columns, a product per slot after
-the main loop: `lora_delta_by_slot`). It runs inside the skinny GEMM's epilogue, adding the
-delta to the accumulator before the bias, the activation and the residual (kernels.linear), so a
-decode step pays one launch per adapted projection, not three, and keeps SwiGLU and the deferred
-residual sum fused; elsewhere (prefill steps) in an expand kernel of its own after cuBLAS.
+the main loop: `lora_delta_by_slot`). It runs inside the skinny GEMM, the one product as the
+accumulator's start before the main loop, so the delta is in it before the bias, the activation
+and the residual (kernels.linear): a decode step pays one launch per adapted projection, not three,
+and keeps SwiGLU and the deferred residual sum fused; elsewhere (prefill steps) in an expand kernel
+of its own after cuBLAS.
 
 A Llama-family decode step launches no LoRA kernel at all: the RMSNorm before qkv and before
 gate_up computes their shrink (a program per row and 16 rank columns, kernels.norm.rms_norm_shrink),
@@ -31,13 +32,14 @@ MAX_SPLITS partials, which the expand summed chunk by chunk of the rank, at 3.1x
 at 6-15 µs a projection, a chain of dependent loads; in the GEMM's epilogue, a product per slot,
 at 2.3x; one product over all slots, B loaded before the main loop, at 2.0x; the shrinks and the
 deferred deltas in the norms, at 1.74x; the stacks and slots read before the wait in 16-byte loads,
-the deferred deltas before the norms' waits, at 1.39x (docs/benchmarks.md, runs p, q, a, b, c and m;
-a step with no adapter row runs without any of this). Slot 0 is no adapter: its rows get nothing
-added. The decode kernels read a slot's whole width, whatever its rank: the bank keeps what no
-adapter fills at zero (lora.bank), so the masks of those loads depend only on constants and the
-loads stay 16 bytes wide (masked by each slot's rank they were 2 bytes wide: 64 loads a thread in
-qkv's GEMM, 1,584 instructions against 728 so). The shrink and prefill's expand read only up to
-each slot's packed rank (`ranks`).
+the deferred deltas before the norms' waits, at 1.39x; the one product before the GEMM's main loop,
+not after it, at 1.36x (docs/benchmarks.md, runs p, q, a, b, c, m and n; a step with no adapter
+row runs without any of this). Slot 0 is no adapter: its rows get nothing added. The decode
+kernels read a slot's whole width, whatever its rank: the bank keeps what no adapter fills at zero
+(lora.bank), so the masks of those loads depend only on constants and the loads stay 16 bytes wide
+(masked by each slot's rank they were 2 bytes wide: 64 loads a thread in qkv's GEMM, 1,584
+instructions against 728 so). The shrink and prefill's expand read only up to each slot's packed
+rank (`ranks`).
 
 The torch reference rounds as the expand kernel does: v is rounded to the activation dtype, the
 product accumulated in fp32 onto base read in fp32, rounded once."""

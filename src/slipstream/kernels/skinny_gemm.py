@@ -90,7 +90,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     sums the partials in split order (deterministic), runs the epilogue and resets the counter.
     DEFER: every program only leaves its partial; the next kernel sums them (linear.PendingSum).
     LORA_SLOTS > 0: the programs of the first K range add each row's adapter delta (kernels.lora), in
-    one product over all slots, their B loaded before the wait (ONE_PRODUCT), or one a slot.
+    one product over all slots, their B loaded before the wait, that the main loop accumulates onto
+    (ONE_PRODUCT), or one a slot after it.
     NEXT_W > 0 (SwiGLU, one K range, with LORA_SLOTS): each program also leaves its tile's share of
     the next projection's shrink, from its outputs as stored ([tiles, M, NEXT_W] fp32 at npart_ptr;
     kernels.lora.lora_shrink_part), which the norm finishing that projection's sum adds up.
@@ -109,7 +110,7 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     k_start = pid_k * K_SPLIT
     if LORA_SLOTS > 0:  # (the rows' slots, a step input, and the adapters' stacks: read before the wait)
         # (only the first K range adds the delta: the others' rows and columns count as none, so they
-        # load nothing)
+        # load nothing and their product is zero)
         first = (pid_k == 0).to(tl.int32)
         rows = M * first
         slots = tl.load(slot_ptr + rm, mask=rm < rows, other=0)
@@ -124,8 +125,10 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
         if EARLY_DEPENDENTS:
             tl.extra.cuda.gdc_launch_dependents()
     if LORA_SLOTS > 0:
-        if ONE_PRODUCT:
+        if ONE_PRODUCT:  # (the delta first: the main loop accumulates onto it. After the loop, the product
+            # and its operands' layout changes lengthened every program's tail: 0.025 ms a step, run n)
             v = lora_spread_rows(v_ptr, slots, rm, V_WIDTH, stride_v, SLOTS_P2, BLOCK_R)
+            acc = lora_delta(v, lb, UPCAST)
         else:
             v = lora_rows(v_ptr, rm, rows, V_WIDTH, stride_v, BLOCK_R)
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
@@ -144,13 +147,10 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             acc += tl.dot(x, tl.trans(w))
     if PDL and not EARLY_DEPENDENTS:  # the next kernel may start its launch now; it waits for this grid to
         tl.extra.cuda.gdc_launch_dependents()  # finish before it reads
-    if LORA_SLOTS > 0:
+    if LORA_SLOTS > 0 and not ONE_PRODUCT:
         if pid_k == 0:
-            if ONE_PRODUCT:
-                acc += lora_delta(v, lb, UPCAST)
-            else:
-                acc += lora_delta_by_slot(slots, v, lb_ptr, rank_ptr, rn, N, stride_lbs, stride_lbn, LORA_SLOTS,
-                                          BLOCK_M, BLOCK_N, BLOCK_R, UPCAST)
+            acc += lora_delta_by_slot(slots, v, lb_ptr, rank_ptr, rn, N, stride_lbs, stride_lbn, LORA_SLOTS,
+                                      BLOCK_M, BLOCK_N, BLOCK_R, UPCAST)
     tile = rm[:, None] * N + rn[None, :]
     tile_ok = row_ok[:, None] & col_ok[None, :]
     if DEFER:
