@@ -126,7 +126,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             tl.extra.cuda.gdc_launch_dependents()
     if LORA_SLOTS > 0:
         if ONE_PRODUCT:  # (the delta first: the main loop accumulates onto it. After the loop, the product
-            # and its operands' layout changes lengthened every program's tail: 0.025 ms a step, run n)
+            # and its operands' layout changes lengthened every program's tail: 0.025 ms a step on the
+            # H200, docs/benchmarks.md 2026-12-04 run n)
             v = lora_spread_rows(v_ptr, slots, rm, V_WIDTH, stride_v, SLOTS_P2, BLOCK_R)
             acc = lora_delta(v, lb, UPCAST)
         else:
