@@ -33,7 +33,7 @@ at 6-15 µs a projection, a chain of dependent loads; in the GEMM's epilogue, a 
 at 2.3x; one product over all slots, B loaded before the main loop, at 2.0x; the shrinks and the
 deferred deltas in the norms, at 1.74x; the stacks and slots read before the wait in 16-byte loads,
 the deferred deltas before the norms' waits, at 1.39x; the one product before the GEMM's main loop,
-not after it, at 1.36x (docs/benchmarks.md, runs p, q, a, b, c, m and n; a step with no adapter
+not after it, at 1.35x (docs/benchmarks.md, runs p, q, a, b, c, m and n; a step with no adapter
 row runs without any of this). Slot 0 is no adapter: its rows get nothing added. The decode
 kernels read a slot's whole width, whatever its rank: the bank keeps what no adapter fills at zero
 (lora.bank), so the masks of those loads depend only on constants and the loads stay 16 bytes wide
