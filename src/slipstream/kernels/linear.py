@@ -126,7 +126,7 @@ def down_lora_in_norm(x: torch.Tensor, gate_up: torch.Tensor, lora) -> LoraShrun
 
     down = lora["down"]
     if down.b.shape[1] > NORM_MAX_FEATURES or rank_block(down.a.shape[1]) * (down.a.shape[0] - 1) > 256:
-        return None  # (the norm's row too wide; the tiles' products over all slots' rank columns too wide)
+        return None  # (the norm's row too wide; the tiles' operand of every slot's A too large)
     parts = next_shrink_parts(x, gate_up, down.a.shape[1])
     if parts is None or parts.shape[0] > 512:  # (split K; more tiles' shares than a norm's program sums)
         return None

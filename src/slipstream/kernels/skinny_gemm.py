@@ -83,7 +83,7 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, DEFER: tl.constexpr,
                           LORA_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, ONE_PRODUCT: tl.constexpr,
-                          BLOCK_R: tl.constexpr, na_ptr, nrank_ptr, npart_ptr, NK, stride_nas, stride_nar,
+                          BLOCK_R: tl.constexpr, na_ptr, npart_ptr, NK, NR, stride_nas, stride_nar,
                           NEXT_W: tl.constexpr, EARLY_DEPENDENTS: tl.constexpr, PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
@@ -117,9 +117,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
         if ONE_PRODUCT:
             lb = lora_b(lb_ptr, rn, N * first, V_WIDTH, stride_lbs, stride_lbn, LORA_SLOTS, SLOTS_P2, BLOCK_R)
     if NEXT_W > 0:
-        rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)  # (the next projection's input features here)
-        next_a = lora_shrink_operand(na_ptr, nrank_ptr, slots, rh, NK, stride_nas, stride_nar, LORA_SLOTS, SLOTS_P2,
-                                     NEXT_W)
+        next_a = lora_shrink_operand(na_ptr, pid_n * (BLOCK_N // 2), NK, NR, stride_nas, stride_nar, LORA_SLOTS,
+                                     SLOTS_P2, NEXT_W, BLOCK_N // 2)
     if PDL:  # x, v (and the arrival counters) come from earlier kernels
         tl.extra.cuda.gdc_wait()
         if EARLY_DEPENDENTS:
@@ -160,9 +159,16 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
         y = _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
                       HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
         if NEXT_W > 0:
-            part = lora_shrink_part(y, slots, next_a, SLOTS_P2, BLOCK_M, NEXT_W, UPCAST)
-            tl.store(npart_ptr + (pid_n * M + rm[:, None]) * NEXT_W + tl.arange(0, NEXT_W)[None, :], part,
-                     mask=row_ok[:, None])
+            tl.debug_barrier()  # (the tile's outputs as every thread stored them, read back spread by slot)
+            tile_out = out_ptr + pid_n * (BLOCK_N // 2)
+            if EVEN_N:
+                spread = lora_spread_rows(tile_out, slots, rm, BLOCK_N // 2, stride_om, SLOTS_P2, BLOCK_N // 2)
+            else:  # (the last tile's outputs end short of it)
+                spread = lora_spread_rows(tile_out, slots, rm, N // 2 - pid_n * (BLOCK_N // 2), stride_om, SLOTS_P2,
+                                          BLOCK_N // 2)
+            part = lora_shrink_part(spread, next_a, UPCAST)
+            tl.store(npart_ptr + (pid_n * M + rm[None, :]) * NEXT_W + tl.arange(0, NEXT_W)[:, None], part,
+                     mask=row_ok[None, :])
     else:
         tl.store(partial_ptr + pid_k * M * N + tile, acc, mask=tile_ok)
         tl.debug_barrier()  # every thread's partial is written before the arrival is counted
@@ -239,7 +245,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     v, lb, ranks, slots = lora if lora is not None else (x, weight[None], x, x)
     block_r = rank_block(v.shape[1]) if lora is not None else 16
     slots_p2 = triton.next_power_of_2(max(1, lb.shape[0] - 1))
-    na, _, nranks, _ = shrink_next if shrink_next is not None else (x[None], None, x, None)
+    na = shrink_next.a if shrink_next is not None else x[None]
     next_w = rank_block(na.shape[1]) if shrink_next is not None else 0
     if shrink_next is not None:
         assert act == "swiglu" and cfg.split_k == 1 and lora is not None
@@ -250,7 +256,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         v.stride(0), lb.stride(0), lb.stride(1), LORA_SLOTS=lb.shape[0] - 1, SLOTS_P2=slots_p2,
         ONE_PRODUCT=lora is not None and one_product(lb.shape[0] - 1, v.shape[1]), BLOCK_R=block_r, na_ptr=na,
-        nrank_ptr=nranks, npart_ptr=next_parts if next_parts is not None else out, NK=na.shape[2],
+        npart_ptr=next_parts if next_parts is not None else out, NK=na.shape[2], NR=na.shape[1],
         stride_nas=na.stride(0), stride_nar=na.stride(1), NEXT_W=next_w, EARLY_DEPENDENTS=early_dependents,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
