@@ -67,7 +67,7 @@ def main() -> None:
 
     import slipstream.kernels as kernels
     from slipstream.kernels import paged_decode
-    from slipstream.kernels.linear import PendingSum
+    from slipstream.kernels.linear import LoraShrunk, PendingSum
     from slipstream.kernels.lora import LoraDelta, LoraWeights, lora_add_triton, shrink
     from slipstream.kernels.activation import gelu_columns, swiglu
     from slipstream.kernels.norm import add_rms_norm, layer_norm, rms_norm, rms_norm_shrink
@@ -116,15 +116,13 @@ def main() -> None:
     wide = LoraDelta(mk(32, 192), mk(33, 1152, 192), mk(33, dtype=torch.int32), torch.arange(32))  # (32 slots, rank 64)
     skinny_linear(x, mk(1152, 896), mk(1152), lora=wide, config=Config(16, 128, 4, 4, 4))
     shrink(mk(32, 4864), mk(9, 16, 4864), mk(9, dtype=torch.int32), torch.arange(32))
-    o_lora = (mk(32, 896), LoraWeights(mk(9, 16, 896), mk(9, 896, 16), mk(9, dtype=torch.int32), torch.arange(32)))
     qkv_lora = LoraWeights(mk(9, 48, 896), mk(9, 1152, 48), mk(9, dtype=torch.int32), torch.arange(32))
-    rms_norm_shrink(PendingSum(partials, None, res, o_lora), mk(896), 1e-6, qkv_lora)  # (o's delta, qkv's shrink)
     rms_norm_shrink(x, mk(896), 1e-6, qkv_lora)  # (the first layer's norm)
-    down_w = LoraWeights(mk(9, 16, 4864), mk(9, 896, 16), mk(9, dtype=torch.int32), torch.arange(32))
-    parts = mk(304, 32, 16, dtype=torch.float32)  # (down's shrink started by gate_up's tiles, finished by the norm)
-    skinny_linear(x, mk(9728, 896), act="swiglu", lora=gate_up, shrink_next=down_w, next_parts=parts,
-                  config=Config(32, 128, 4, 4, 1))
-    rms_norm_shrink(PendingSum(partials, None, res, (parts, down_w)), mk(896), 1e-6, qkv_lora)
+    # (o's and down's shrinks in their GEMMs' grids, finished by the norm after them)
+    for k, config in ((896, Config(16, 128, 4, 4, 2)), (4864, Config(32, 128, 4, 4, 4))):
+        adapter = LoraWeights(mk(9, 16, k), mk(9, 896, 16), mk(9, dtype=torch.int32), torch.arange(32))
+        partials, parts = skinny_linear(mk(32, k), mk(896, k), defer=True, shrink=adapter, config=config)
+        rms_norm_shrink(PendingSum(partials, None, res, LoraShrunk(parts, adapter)), mk(896), 1e-6, qkv_lora)
     gelu_columns(mk(512, 14336), "gelu_tanh", 6144, out=mk(512, 16384)[:, :14336])
     pixels = mk(600, 800, 3, dtype=torch.uint8).permute(2, 0, 1)  # (an 800x600 image's global crop: two passes)
     crop = mk(3, 378, 378, dtype=torch.uint8)

@@ -337,11 +337,12 @@ def test_a_deferred_sum_finished_by_the_norm_is_the_gemm_epilogue_bit_for_bit(sp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_norm_adds_the_gemm_befores_adapter_delta_and_shrinks_for_the_gemm_after(pending, dtype):
     """kernels.norm.rms_norm_shrink: a norm finishing a PendingSum whose GEMM left its adapter too
-    (`lora_in_norm`) adds each row's delta to the partials before the bias, as the GEMM's epilogue
-    would; and it computes the shrink of the projection after it (v = out @ A[slot].T, rounded),
+    (`lora_in_norm`: the shrink from that GEMM's grid) adds each row's delta to the partials before
+    the bias, as the GEMM's epilogue would; and it computes the shrink of the projection after it
+    (v = out @ A[slot].T, rounded),
     which the skinny GEMM then expands: together, the fp64 reference of both adapted projections.
     Rows without an adapter are the plain norm's, bit for bit."""
-    from slipstream.kernels.linear import PendingSum
+    from slipstream.kernels.linear import LoraShrunk, PendingSum
     from slipstream.kernels.lora import LoraWeights
     from slipstream.kernels.norm import add_rms_norm, rms_norm, rms_norm_shrink
     from slipstream.kernels.skinny_gemm import Config, skinny_linear
@@ -358,8 +359,8 @@ def test_a_norm_adds_the_gemm_befores_adapter_delta_and_shrinks_for_the_gemm_aft
     dx, dw0, dbias, dr, dnw, dw1, da0, db0, da1, db1, dranks, dslots = on
     config = Config(16, 32, 4, 1, 2)
     if pending:  # (what linear(..., defer=True, lora=, lora_in_norm=True) leaves where the skinny GEMM runs)
-        before = PendingSum(skinny_linear(dx, dw0, config=config, defer=True), dbias, dr,
-                            (dx, LoraWeights(da0, db0, dranks, dslots)))
+        partials, parts = skinny_linear(dx, dw0, config=config, defer=True, shrink=LoraWeights(da0, db0, dranks, dslots))
+        before = PendingSum(partials, dbias, dr, LoraShrunk(parts, LoraWeights(da0, db0, dranks, dslots)))
     else:
         before = dr
     total, normed, delta = rms_norm_shrink(before, dnw, 1e-6, LoraWeights(da1, db1, dranks, dslots))
@@ -388,45 +389,42 @@ def test_a_norm_adds_the_gemm_befores_adapter_delta_and_shrinks_for_the_gemm_aft
 
 
 @pytest.mark.parametrize("adapters", [1, 3])
+@pytest.mark.parametrize("split_k", [1, 2])
 @pytest.mark.parametrize("block_n", [16, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_swiglu_gemm_starts_the_down_shrink_that_the_norm_after_down_finishes(block_n, dtype, adapters):
-    """linear.LoraShrunk: the SwiGLU GEMM's tiles each leave their share of the down projection's
-    shrink from the outputs they store; the down GEMM runs without its adapter; the RMSNorm that
-    finishes its sum adds the shares up, rounds v and adds the delta: the fp64 reference of the
-    adapted down projection. Rows without an adapter are the plain path's, bit for bit. (One
-    adapter's slot times a tile's 8 features is too narrow for a product: the shares then sum.)"""
-    from slipstream.kernels.linear import PendingSum
-    from slipstream.kernels.lora import LoraDelta, LoraWeights
+def test_a_deferred_gemms_grid_shrinks_for_every_slot_and_the_norm_after_it_adds_the_delta(block_n, split_k, dtype,
+                                                                                          adapters):
+    """linear.LoraShrunk: a deferred GEMM's extra column tiles multiply its rows by every slot's A
+    (each row by every slot: [splits, rows, slots * width] partials, the last tile short of its
+    columns at 3 adapters of width 48 in tiles of 32); the RMSNorm that finishes its sum takes each
+    row's slot's columns, sums them in split order, rounds v and adds the delta: the fp64 reference
+    of the adapted projection, for inputs wider than the norm's row (a down projection). Rows
+    without an adapter are the plain path's, bit for bit."""
+    from slipstream.kernels.linear import LoraShrunk, PendingSum
+    from slipstream.kernels.lora import LoraWeights
     from slipstream.kernels.norm import add_rms_norm
-    from slipstream.kernels.skinny_gemm import Config, next_shrink_parts, skinny_linear
+    from slipstream.kernels.skinny_gemm import Config, skinny_linear
 
-    m, d, inter = 9, 64, 72  # (tiles of 32 columns: the last one's 16 SwiGLU outputs end short of it)
+    m, d, inter = 9, 64, 160
     g = torch.Generator().manual_seed(3)
-    a, b, ranks, slots = lora_case(m, inter, d, dtype, 4)  # (down's stacks: [inter] -> [d])
+    a, b, ranks, slots = lora_case(m, inter, d, dtype, 4)
     a, b, ranks, slots = a[:adapters + 1], b[:adapters + 1], ranks[:adapters + 1], slots.clamp(max=adapters)
-    x = torch.randn(m, d, generator=g).to(dtype)
-    w_gu = (torch.randn(2 * inter, d, generator=g) / 4).to(dtype)
-    w_d = (torch.randn(d, inter, generator=g) / 4).to(dtype)
+    h = torch.randn(m, inter, generator=g).to(dtype)
+    w = (torch.randn(d, inter, generator=g) / 4).to(dtype)
     r, nw = torch.randn(m, d, generator=g).to(dtype), torch.randn(d, generator=g).to(dtype)
-    dx, dw_gu, dw_d, dr, dnw, da, db, dranks, dslots = (t.to(DEVICE) for t in (x, w_gu, w_d, r, nw, a, b, ranks, slots))
-    gate_up = LoraDelta(torch.zeros(m, 16, dtype=dtype, device=DEVICE), torch.zeros(adapters + 1, 2 * inter, 16,
-                        dtype=dtype, device=DEVICE), torch.zeros(adapters + 1, dtype=torch.int32, device=DEVICE),
-                        dslots)  # (gate_up: nothing)
+    dh, dw, dr, dnw, da, db, dranks, dslots = (t.to(DEVICE) for t in (h, w, r, nw, a, b, ranks, slots))
     down = LoraWeights(da, db, dranks, dslots)
-    config = Config(block_n, 32, 4, 1, 1)
-    parts = next_shrink_parts(dx, dw_gu, a.shape[1], config)
-    hidden = skinny_linear(dx, dw_gu, act="swiglu", lora=gate_up, shrink_next=down, next_parts=parts, config=config)
-    assert torch.equal(hidden, skinny_linear(dx, dw_gu, act="swiglu", config=config))
-    down_config = Config(16, 32, 4, 1, 2)
-    total, normed = add_rms_norm(PendingSum(skinny_linear(hidden, dw_d, defer=True, config=down_config), None, dr,
-                                            (parts, down)), dnw, 1e-6)
-    h = hidden.cpu()
-    want = r.double() + h.double() @ w_d.double().T + lora_delta_reference(h, a, b, ranks, slots)
+    config = Config(block_n, 32, 4, 1, split_k)
+    partials, parts = skinny_linear(dh, dw, defer=True, shrink=down, config=config)
+    assert parts.shape == (split_k, m, adapters * 48)
+    assert torch.equal(partials, skinny_linear(dh, dw, defer=True, config=config))
+    every_slot = h.double() @ a[1:].flatten(0, 1).double().T
+    assert torch.allclose(parts.sum(0).double().cpu(), every_slot, rtol=1e-3, atol=1e-3)
+    total, _ = add_rms_norm(PendingSum(partials, None, dr, LoraShrunk(parts, down)), dnw, 1e-6)
+    want = r.double() + h.double() @ w.double().T + lora_delta_reference(h, a, b, ranks, slots)
     err = (total.double().cpu() - want).norm() / want.norm()
     assert err < (1e-5 if dtype == torch.float32 else 2e-2), err
-    plain_total, _ = add_rms_norm(PendingSum(skinny_linear(hidden, dw_d, defer=True, config=down_config), None, dr),
-                                  dnw, 1e-6)
+    plain_total, _ = add_rms_norm(PendingSum(partials, None, dr), dnw, 1e-6)
     assert torch.equal(total[slots == 0], plain_total[slots == 0])
 
 

@@ -12,15 +12,15 @@ import torch
 import torch.nn.functional as F
 
 from . import triton_rows
-from .lora import NORM_MAX_FEATURES, LoraDelta, LoraWeights, rank_block
+from .lora import NORM_MAX_FEATURES, LoraDelta, LoraWeights
 
 MAX_ROWS = 64  # decode batches up to this size run the skinny GEMM
 
 
 class LoraShrunk(NamedTuple):
-    """A projection's adapters whose shrink the SwiGLU GEMM before it started (each output tile's
-    share, `parts` [tiles, rows, width] fp32): the RMSNorm finishing its sum adds them up, rounds
-    v and adds the delta (`down_lora_in_norm`)."""
+    """A deferred GEMM's adapters, whose shrink that GEMM's grid computed for every slot
+    (`skinny_linear`'s `shrink`; `parts` [splits, rows, slots * width] fp32): the RMSNorm finishing
+    its sum sums each row's slot's columns, rounds v and adds the delta."""
 
     parts: torch.Tensor
     weights: LoraWeights
@@ -37,9 +37,7 @@ class PendingSum(NamedTuple):
     partials: torch.Tensor | None  # [splits, rows, N] fp32
     bias: torch.Tensor | None
     residual: torch.Tensor
-    # the GEMM's adapter, whose delta is to be added too: with its input rows [rows, K], or the shrink's
-    # parts (LoraShrunk's, 3-D)
-    lora: tuple[torch.Tensor, LoraWeights] | None = None
+    lora: LoraShrunk | None = None  # the GEMM's adapter, whose delta is to be added too
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
@@ -61,8 +59,7 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
            residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
            out: torch.Tensor | None = None, defer: bool = False,
-           lora: LoraWeights | LoraDelta | LoraShrunk | None = None, lora_in_norm: bool = False,
-           shrink_next: LoraShrunk | None = None) -> torch.Tensor | PendingSum:
+           lora: LoraWeights | LoraDelta | None = None, lora_in_norm: bool = False) -> torch.Tensor | PendingSum:
     """x [rows, K] -> [rows, N]. `act`: None; "gelu_tanh" or "gelu", applied to the output columns
     from `act_from` on; or "swiglu", for weight rows interleaving gate and up (see
     `interleave_gate_up`), giving [rows, N / 2]. `residual` is added last; `out` (a view, e.g.
@@ -72,23 +69,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     saves an add's pass over the output (two a layer: 0.08 ms of a 544-token Qwen2.5-0.5B step).
     `lora`: each row's adapter delta goes in before the activation (and the residual); a LoraDelta
     (v already computed by the norm before: kernels.norm.rms_norm_shrink) only where the skinny GEMM
-    runs. `lora_in_norm` (with `defer`, where the skinny GEMM runs): the delta too is left to the
-    RMSNorm that finishes the sum (x's row must fit that norm's program); a LoraShrunk (with
-    `defer`): the same, the shrink started by the GEMM before (`shrink_next` there, "swiglu")."""
+    runs. `lora_in_norm` (with `defer`, where the skinny GEMM runs): the GEMM computes the shrink
+    in column tiles of its own grid and leaves the delta to the RMSNorm that finishes the sum (an
+    output row must fit that norm's program: LoraShrunk)."""
     if triton_rows(x) and x.shape[0] <= MAX_ROWS:
         from .skinny_gemm import skinny_linear
 
-        if isinstance(lora, LoraShrunk):
-            assert defer
-            return PendingSum(skinny_linear(x, weight, defer=True, early_dependents=True), bias, residual,
-                              (lora.parts, lora.weights))
-        if shrink_next is not None:
-            return skinny_linear(x, weight, bias, act, residual, out_dtype, act_from, out, lora=lora,
-                                 shrink_next=shrink_next.weights, next_parts=shrink_next.parts)
-
-        if defer and lora_in_norm and isinstance(lora, LoraWeights) and max(weight.shape) <= NORM_MAX_FEATURES:
-            return PendingSum(skinny_linear(x, weight, defer=True, early_dependents=True), bias, residual,
-                              (x, lora._replace(slots=lora.slots[: x.shape[0]])))
+        if (defer and lora_in_norm and isinstance(lora, LoraWeights) and weight.shape[0] <= NORM_MAX_FEATURES
+                and lora.a.stride(1) == weight.stride(0)):  # (A's rows stream as the weight's)
+            partials, parts = skinny_linear(x, weight, defer=True, early_dependents=True, shrink=lora)
+            return PendingSum(partials, bias, residual,
+                              LoraShrunk(parts, lora._replace(slots=lora.slots[: x.shape[0]])))
         delta = lora
         if isinstance(lora, LoraWeights):  # (the shrink's own launch; the expand inside the GEMM's epilogue)
             from .lora import shrink
@@ -114,23 +105,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
         return gelu_columns(F.linear(x, weight, bias), act, act_from, out)
     return linear_reference(x, weight, bias, act, residual, out_dtype, act_from, out)
-
-
-def down_lora_in_norm(x: torch.Tensor, gate_up: torch.Tensor, lora) -> LoraShrunk | None:
-    """Where the down projection's shrink can start in the SwiGLU GEMM before it (x [rows, K] into
-    the gate_up weight; `lora` a layer's LayerLora, whose gate_up is then a LoraDelta from the norm):
-    the LoraShrunk both GEMMs take; else None."""
-    if lora is None or not isinstance(lora["gate_up"], LoraDelta) or x.shape[0] > MAX_ROWS:
-        return None
-    from .skinny_gemm import next_shrink_parts
-
-    down = lora["down"]
-    if down.b.shape[1] > NORM_MAX_FEATURES or rank_block(down.a.shape[1]) * (down.a.shape[0] - 1) > 256:
-        return None  # (the norm's row too wide; the tiles' operand of every slot's A too large)
-    parts = next_shrink_parts(x, gate_up, down.a.shape[1])
-    if parts is None or parts.shape[0] > 512:  # (split K; more tiles' shares than a norm's program sums)
-        return None
-    return LoraShrunk(parts, down._replace(slots=down.slots[: x.shape[0]]))
 
 
 def _linear_with_lora(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None,

@@ -18,12 +18,13 @@ and keeps SwiGLU and the deferred residual sum fused; elsewhere (prefill steps) 
 of its own after cuBLAS.
 
 A Llama-family decode step launches no LoRA kernel at all: the RMSNorm before qkv and before
-gate_up computes their shrink (a program per row and 16 rank columns, kernels.norm.rms_norm_shrink),
-the RMSNorm after o adds o's whole delta, gate_up's SwiGLU tiles each leave their share of down's
-shrink (`lora_shrink_operand`, `lora_shrink_part`) and the RMSNorm after down sums the shares and
-adds its delta (kernels.linear's `lora_in_norm`, `LoraShrunk`). A norm computes the delta of the
-GEMM before it before its own wait, beside that GEMM's main loop: its inputs come from the kernel
-before that GEMM (kernels.norm).
+gate_up computes their shrink (a program per row and 16 rank columns, kernels.norm.rms_norm_shrink);
+o's and down's GEMMs, whose split-K partials the RMSNorm after them sums (linear.PendingSum),
+compute their own shrink in column tiles of their grid beside the weight's, every slot's A rows
+for every row (skinny_gemm's `shrink`), and that RMSNorm sums each row's slot's columns of those
+partials, rounds v and adds the delta, its B loaded before its wait (kernels.linear's
+`lora_in_norm`, `LoraShrunk`). Those tiles cost a deferred GEMM bytes, not time: its grid stays one
+wave, each tile streams its K range as the weight's do.
 
 Why: a decode step has one or two row tiles. Looping over the slots and all the features inside
 each row tile's program, the H200 measured a Qwen2.5-0.5B decode step with 8 adapters over 32 rows
@@ -33,13 +34,14 @@ at 6-15 µs a projection, a chain of dependent loads; in the GEMM's epilogue, a 
 at 2.3x; one product over all slots, B loaded before the main loop, at 2.0x; the shrinks and the
 deferred deltas in the norms, at 1.74x; the stacks and slots read before the wait in 16-byte loads,
 the deferred deltas before the norms' waits, at 1.39x; the one product before the GEMM's main loop,
-not after it, at 1.35x (docs/benchmarks.md, runs p, q, a, b, c, m and n; a step with no adapter
-row runs without any of this). Slot 0 is no adapter: its rows get nothing added. The decode
-kernels read a slot's whole width, whatever its rank: the bank keeps what no adapter fills at zero
-(lora.bank), so the masks of those loads depend only on constants and the loads stay 16 bytes wide
-(masked by each slot's rank they were 2 bytes wide: 64 loads a thread in qkv's GEMM, 1,584
-instructions against 728 so). The shrink and prefill's expand read only up to each slot's packed
-rank (`ranks`).
+not after it, at 1.35x; down's shrink started by gate_up's tiles from their outputs, then o's and
+down's in their GEMMs' own grids (above), at 1.22x (docs/benchmarks.md, runs p, q, a, b, c, m, n
+and o; a step with no adapter row runs without any of this). Slot 0 is no adapter: its rows get
+nothing added. The decode kernels read a slot's whole width, whatever its rank: the bank keeps
+what no adapter fills at zero (lora.bank), so the masks of those loads depend only on constants
+and the loads stay 16 bytes wide (masked by each slot's rank they were 2 bytes wide: 64 loads a
+thread in qkv's GEMM, 1,584 instructions against 728 so). The shrink and prefill's expand read
+only up to each slot's packed rank (`ranks`).
 
 The torch reference rounds as the expand kernel does: v is rounded to the activation dtype, the
 product accumulated in fp32 onto base read in fp32, rounded once."""
@@ -140,35 +142,6 @@ if HAS_TRITON:
                         mask=present & (rn[:, None] < N) & (rr[None, :] < tl.load(rank_ptr + s)), other=0.0)
             acc += _dot(tl.where(mine[:, None], v, 0.0).to(v.dtype), b, UPCAST)
         return acc
-
-    @triton.jit
-    def lora_shrink_operand(a_ptr, k0, K, R, stride_as, stride_ar, NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr,
-                            BLOCK_W: tl.constexpr, F: tl.constexpr):
-        """For the F features from k0, every slot's A (R rank rows) side by side along them ([BLOCK_W,
-        SLOTS_P2 * F], column s * F + f = slot s + 1's feature k0 + f): `lora_shrink_part`'s operand,
-        loaded before a GEMM's main loop. Every slot's, whatever its rank, so the features' masks are
-        constants and the loads 16 bytes wide (the bank keeps what no adapter fills at zero)."""
-        c = tl.arange(0, SLOTS_P2 * F)
-        col_slot = c // F + 1
-        k = k0 + c % F
-        j = tl.arange(0, BLOCK_W)
-        return tl.load(a_ptr + col_slot[None, :] * stride_as + j[:, None] * stride_ar + k[None, :],
-                       mask=(j < R)[:, None] & ((col_slot <= NUM_SLOTS) & (k < K))[None, :], other=0.0)
-
-    @triton.jit
-    def lora_shrink_part(spread, a, UPCAST: tl.constexpr):
-        """fp32 [BLOCK_W, rows]: each row's share of its slot's shrink from the F features a GEMM's tile
-        holds (spread: the rows' features, each row's in its own slot's F columns, zeros in the
-        others', `lora_spread_rows`; a: `lora_shrink_operand`'s), the shrink of the projection after
-        it, summed over the tiles by the norm that finishes that projection's sum. One product sums the
-        slots inside it; a product per slot's rank columns, then a sum over the slots, took 568 of the
-        adapted gate_up's 1,248 instructions for sm_90, this 184. Ranks by rows, not rows by ranks:
-        [32 rows, 16] laid the tensor cores' 4 warps along the rows twice over (211 registers a
-        thread against 96, too many for 3 programs an SM). The GEMM reads spread back from the
-        outputs it stored: built in registers it took as many."""
-        if spread.shape[1] >= 16:
-            return _dot(a, spread.to(a.dtype), UPCAST)
-        return tl.sum(a.to(tl.float32)[:, None, :] * spread.to(tl.float32)[None, :, :], axis=2)  # (tiny models)
 
     @triton.jit
     def _shrink_kernel(x_ptr, a_ptr, rank_ptr, slot_ptr, vp_ptr, v_ptr, arrivals_ptr, T, K, R, K_SPLIT, stride_x,

@@ -24,23 +24,19 @@ from .lora import LoraDelta, LoraWeights, rank_block
 
 
 @triton.jit
-def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr, slot_ptr,
-                 ph_ptr, pa_ptr, pb_ptr, na_ptr, nrank_ptr, v_ptr,
-                 rows, D, KP, PW, NR, eps, stride_x, stride_o, stride_ph, stride_phr, stride_pas, stride_par, stride_pbs,
-                 stride_pbn, stride_nas, stride_nar, stride_v,
+def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr, slot_ptr, sp_ptr, pb_ptr, na_ptr,
+                 nrank_ptr, v_ptr, rows, D, SW, PW, NR, eps, stride_x, stride_o, stride_pbs, stride_pbn, stride_nas,
+                 stride_nar, stride_v,
                  RMS: tl.constexpr, SPLITS: tl.constexpr, PART_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
-                 PREV_LORA: tl.constexpr, PREV_PARTS: tl.constexpr, BLOCK_KP: tl.constexpr, BLOCK_PR: tl.constexpr,
-                 NEXT_LORA: tl.constexpr, PDL: tl.constexpr):
+                 PREV_LORA: tl.constexpr, BLOCK_PR: tl.constexpr, NEXT_LORA: tl.constexpr, PDL: tl.constexpr):
     """SPLITS > 0 or PART_BIAS: x_ptr holds a residual; the norm is of x = residual + (the sum of the
     SPLITS partials at part_ptr + bias), which is also stored at sum_ptr ([rows, D], contiguous).
-    PREV_LORA: the GEMM that left the partials had an adapter, whose delta for this row (its input
-    row at ph_ptr, KP features; A and B stacks, the row's slot) joins the sum before the bias;
-    PREV_PARTS: ph_ptr holds instead the shrink's shares of KP tiles of the GEMM before that one
-    (linear.LoraShrunk), summed here into v. That delta is computed before the wait: its inputs come
-    from the kernel before the GEMM, which had completed when the GEMM's programs passed their wait, and
-    a kernel's programs trigger their dependents' launch only after their own wait (every kernel here;
-    the GEMM triggers right after it, `skinny_gemm`'s EARLY_DEPENDENTS, so the delta's work runs beside
-    its main loop).
+    PREV_LORA: the GEMM that left the partials had an adapter, whose shrink it computed for every
+    slot in tiles of its grid (linear.LoraShrunk: [SPLITS, rows, SW] fp32 at sp_ptr, the slots' PW
+    rank columns side by side): the row's slot's columns, summed in split order and rounded, times
+    the slot's B is the delta that joins the sum before the bias. B is loaded before the wait, beside
+    the GEMM's main loop (which triggers this launch right after its own wait, `skinny_gemm`'s
+    EARLY_DEPENDENTS).
     NEXT_LORA: the shrink of the projection after the norm, v = out @ A[slot].T (rounded), into
     v_ptr: the GEMM then only expands (kernels.lora.LoraDelta). Program (row, c) computes its 16 rank
     columns from c * 16 on, its A tile loaded before the wait; each program normalizes the row, the
@@ -58,26 +54,21 @@ def _norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, part_bias_ptr, sum_ptr,
         rr = chunk * 16 + tl.arange(0, 16)
         a = tl.load(na_ptr + slot * stride_nas + rr[:, None] * stride_nar + cols[None, :],
                     mask=(rr[:, None] < nrank) & ok[None, :], other=0.0)
-    if PREV_LORA:  # before the wait (invariant: see the docstring), while the GEMM before runs
+    if PREV_LORA:  # (B, a constant of the step: before the wait, while the GEMM before runs)
         pr = tl.arange(0, BLOCK_PR)
-        kp = tl.arange(0, BLOCK_KP)
         # (all PW rank columns whatever the slot's rank, and slot 0's: the bank keeps what no adapter
         # fills at zero, and masks of constants leave the loads 16 bytes wide; kernels.lora.lora_b)
         pb = tl.load(pb_ptr + slot * stride_pbs + cols[None, :] * stride_pbn + pr[:, None],
                      mask=(pr[:, None] < PW) & ok[None, :], other=0.0)
-        if PREV_PARTS:  # (.cg: written by a kernel of this step, read past L1)
-            parts = tl.load(ph_ptr + kp[None, :] * stride_ph + row * stride_phr + pr[:, None],
-                            mask=(kp[None, :] < KP) & (pr[:, None] < PW), other=0.0, cache_modifier=".cg")
-            v = tl.sum(parts, axis=1)
-        else:
-            pa = tl.load(pa_ptr + slot * stride_pas + pr[:, None] * stride_par + kp[None, :],
-                         mask=(pr[:, None] < PW) & (kp[None, :] < KP), other=0.0)
-            h = tl.load(ph_ptr + row * stride_ph + kp, mask=kp < KP, other=0.0, cache_modifier=".cg")
-            v = tl.sum(pa.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
-        v = v.to(x_ptr.dtype.element_ty).to(tl.float32)  # (rounded as kernels.lora's reference rounds it)
-        delta = tl.sum(pb.to(tl.float32) * v[:, None], axis=0)
     if PDL:  # (see skinny_gemm)
         tl.extra.cuda.gdc_wait()
+    if PREV_LORA:
+        v = tl.zeros([BLOCK_PR], tl.float32)
+        for s in tl.static_range(SPLITS):
+            v += tl.load(sp_ptr + (s * rows + row) * SW + (slot - 1) * PW + pr, mask=(pr < PW) & (slot > 0),
+                         other=0.0)
+        v = v.to(x_ptr.dtype.element_ty).to(tl.float32)  # (rounded as kernels.lora's reference rounds it)
+        delta = tl.sum(pb.to(tl.float32) * v[:, None], axis=0)
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     if SPLITS > 0 or PART_BIAS:  # the GEMM epilogue's sum and roundings (skinny_gemm._epilogue)
         acc = tl.zeros([BLOCK_D], tl.float32)
@@ -115,10 +106,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
     block = triton.next_power_of_2(d)
     parts, part_bias = (pending.partials, pending.bias) if pending is not None else (None, None)
     prev = pending.lora if pending is not None else None
-    ph, (pa, pb, _, pslots) = prev if prev is not None else (x, (x[None], x[None], x, x))
-    from_parts = ph.dim() == 3  # (a LoraShrunk's parts [tiles, rows, width]: KP counts the tiles)
-    kp, stride_ph, stride_phr = ((ph.shape[0], ph.stride(0), ph.stride(1)) if from_parts
-                                 else (ph.shape[1], ph.stride(0), 0))
+    sp, (_, pb, _, pslots) = prev if prev is not None else (x, (None, x[None], None, x))
+    assert prev is None or sp.shape[:2] == parts.shape[:2], "the shrink's partials are its GEMM's"
     slots = pslots if prev is not None else shrink.slots if shrink is not None else x
     na, _, nrank, _ = shrink if shrink is not None else (x[None], None, x, None)
     v = torch.empty((rows, na.shape[1]), dtype=x.dtype, device=x.device) if shrink is not None else x
@@ -127,13 +116,11 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
     grid = (rows, triton.cdiv(na.shape[1], 16) if shrink is not None else 1)
     _norm_kernel[grid](x, weight, weight if bias is None else bias, out, x if parts is None else parts,
                        weight if part_bias is None else part_bias, out if total is None else total, slots,
-                       ph, pa, pb, na, nrank, v, rows, d, kp, pa.shape[1], na.shape[1], eps,
-                       x.stride(0), out.stride(0), stride_ph, stride_phr, pa.stride(0), pa.stride(1), pb.stride(0),
-                       pb.stride(1), na.stride(0), na.stride(1), v.stride(0),
+                       sp, pb, na, nrank, v, rows, d, sp.shape[-1], pb.shape[2], na.shape[1], eps, x.stride(0),
+                       out.stride(0), pb.stride(0), pb.stride(1), na.stride(0), na.stride(1), v.stride(0),
                        RMS=rms, SPLITS=0 if parts is None else parts.shape[0], PART_BIAS=part_bias is not None,
-                       BLOCK_D=block, PREV_LORA=prev is not None, PREV_PARTS=from_parts,
-                       BLOCK_KP=triton.next_power_of_2(kp) if prev is not None else 16,
-                       BLOCK_PR=rank_block(pa.shape[1]) if prev is not None else 16, NEXT_LORA=shrink is not None,
+                       BLOCK_D=block, PREV_LORA=prev is not None, BLOCK_PR=rank_block(pb.shape[2]) if prev is not None else 16,
+                       NEXT_LORA=shrink is not None,
                        num_warps=min(8, max(1, block // 256)) * (2 if rms else 1), **pdl_args())
     delta = None if shrink is None else LoraDelta(v, shrink.b, shrink.ranks, shrink.slots[:rows])
     return out, delta

@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from . import INTERPRET, arrival_counters, pdl_args, sm_count
-from .lora import (LoraDelta, LoraWeights, lora_b, lora_delta, lora_delta_by_slot, lora_rows, lora_shrink_operand,
-                   lora_shrink_part, lora_spread_rows, one_product, rank_block)
+from .lora import (LoraDelta, LoraWeights, lora_b, lora_delta, lora_delta_by_slot, lora_rows, lora_spread_rows,
+                   one_product, rank_block)
 
 ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2, "swiglu": 3}
 
@@ -52,7 +52,7 @@ def _gelu(y, ACT: tl.constexpr):
 def _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype: tl.constexpr,
               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr):
-    """The output tile (bias, activation, residual, rounding), stored and returned as stored."""
+    """The output tile (bias, activation, residual, rounding), stored."""
     row_ok = rm < M
     y = acc
     if HAS_BIAS:
@@ -70,9 +70,7 @@ def _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm
     if HAS_RES:
         y = y.to(act_dtype).to(tl.float32)
         y += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
-    y = y.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y, mask=mask)
-    return y
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -83,8 +81,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, DEFER: tl.constexpr,
                           LORA_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, ONE_PRODUCT: tl.constexpr,
-                          BLOCK_R: tl.constexpr, na_ptr, npart_ptr, NK, NR, stride_nas, stride_nar,
-                          NEXT_W: tl.constexpr, EARLY_DEPENDENTS: tl.constexpr, PDL: tl.constexpr):
+                          BLOCK_R: tl.constexpr, sa_ptr, sparts_ptr, NA, SHRINK_TILES: tl.constexpr,
+                          EARLY_DEPENDENTS: tl.constexpr, PDL: tl.constexpr):
     """Program (n, s) computes columns [n * BLOCK_N, +BLOCK_N) over the s-th K range. With SPLIT_K > 1
     each program leaves its fp32 partial in `partial_ptr`; the last to arrive at the tile's counter
     sums the partials in split order (deterministic), runs the epilogue and resets the counter.
@@ -92,9 +90,10 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     LORA_SLOTS > 0: the programs of the first K range add each row's adapter delta (kernels.lora), in
     one product over all slots, their B loaded before the wait, that the main loop accumulates onto
     (ONE_PRODUCT), or one a slot after it.
-    NEXT_W > 0 (SwiGLU, one K range, with LORA_SLOTS): each program also leaves its tile's share of
-    the next projection's shrink, from its outputs as stored ([tiles, M, NEXT_W] fp32 at npart_ptr;
-    kernels.lora.lora_shrink_part), which the norm finishing that projection's sum adds up.
+    SHRINK_TILES > 0 (DEFER): the last SHRINK_TILES column tiles multiply x by the NA rows at sa_ptr
+    instead (every slot's A of the next norm's adapter, as rows of W's stride), leaving their
+    partials at sparts_ptr ([SPLIT_K, M, NA] fp32): the shrink of this GEMM's adapter, which the norm
+    finishing the sum adds up, each row at its slot's rank columns (kernels.norm).
     EARLY_DEPENDENTS: the next kernel's launch is triggered right after the wait, not after the main
     loop (a one-wave grid whose next kernel has work to do before its own wait: an RMSNorm adding an
     adapter's delta, kernels.norm)."""
@@ -102,6 +101,12 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
+    if SHRINK_TILES > 0:  # (a program past N's tiles: the shrink's, on A's rows into the shrink's partials)
+        shrink_tile = pid_n >= tl.num_programs(0) - SHRINK_TILES
+        pid_n -= shrink_tile.to(tl.int32) * (tl.num_programs(0) - SHRINK_TILES)
+        w_ptr = tl.where(shrink_tile, sa_ptr, w_ptr)
+        partial_ptr = tl.where(shrink_tile, sparts_ptr, partial_ptr)
+        N = tl.where(shrink_tile, NA, N)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     row_ok = rm < M
@@ -116,9 +121,6 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
         slots = tl.load(slot_ptr + rm, mask=rm < rows, other=0)
         if ONE_PRODUCT:
             lb = lora_b(lb_ptr, rn, N * first, V_WIDTH, stride_lbs, stride_lbn, LORA_SLOTS, SLOTS_P2, BLOCK_R)
-    if NEXT_W > 0:
-        next_a = lora_shrink_operand(na_ptr, pid_n * (BLOCK_N // 2), NK, NR, stride_nas, stride_nar, LORA_SLOTS,
-                                     SLOTS_P2, NEXT_W, BLOCK_N // 2)
     if PDL:  # x, v (and the arrival counters) come from earlier kernels
         tl.extra.cuda.gdc_wait()
         if EARLY_DEPENDENTS:
@@ -156,19 +158,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     if DEFER:
         tl.store(partial_ptr + pid_k * M * N + tile, acc, mask=tile_ok)
     elif SPLIT_K == 1:
-        y = _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
-                      HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
-        if NEXT_W > 0:
-            tl.debug_barrier()  # (the tile's outputs as every thread stored them, read back spread by slot)
-            tile_out = out_ptr + pid_n * (BLOCK_N // 2)
-            if EVEN_N:
-                spread = lora_spread_rows(tile_out, slots, rm, BLOCK_N // 2, stride_om, SLOTS_P2, BLOCK_N // 2)
-            else:  # (the last tile's outputs end short of it)
-                spread = lora_spread_rows(tile_out, slots, rm, N // 2 - pid_n * (BLOCK_N // 2), stride_om, SLOTS_P2,
-                                          BLOCK_N // 2)
-            part = lora_shrink_part(spread, next_a, UPCAST)
-            tl.store(npart_ptr + (pid_n * M + rm[None, :]) * NEXT_W + tl.arange(0, NEXT_W)[:, None], part,
-                     mask=row_ok[None, :])
+        _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype, HAS_BIAS,
+                  HAS_RES, ACT, BLOCK_M, BLOCK_N)
     else:
         tl.store(partial_ptr + pid_k * M * N + tile, acc, mask=tile_ok)
         tl.debug_barrier()  # every thread's partial is written before the arrival is counted
@@ -179,17 +170,6 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             _epilogue(acc, bias_ptr, res_ptr, out_ptr, rm, rn, M, N, ACT_FROM, stride_rm, stride_om, act_dtype,
                       HAS_BIAS, HAS_RES, ACT, BLOCK_M, BLOCK_N)
             tl.atomic_xchg(arrivals_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
-
-
-def next_shrink_parts(x: torch.Tensor, weight: torch.Tensor, width: int, config: Config | None = None
-                      ) -> torch.Tensor | None:
-    """The buffer a SwiGLU GEMM's `shrink_next` fills ([tiles, rows, rank block] fp32), or None where
-    it cannot start that shrink (split K)."""
-    cfg = config or default_config(x.shape[0], weight.shape[0], x.shape[1])
-    if cfg.split_k > 1:
-        return None
-    return torch.empty((triton.cdiv(weight.shape[0], cfg.block_n), x.shape[0], rank_block(width)),
-                       dtype=torch.float32, device=x.device)
 
 
 def default_config(m: int, n: int, k: int, defer: bool = False) -> Config:
@@ -215,17 +195,17 @@ def default_config(m: int, n: int, k: int, defer: bool = False) -> Config:
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
                   residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, act_from: int = 0,
                   out: torch.Tensor | None = None, config: Config | None = None, defer: bool = False,
-                  lora: LoraDelta | None = None, shrink_next: LoraWeights | None = None,
-                  next_parts: torch.Tensor | None = None, early_dependents: bool = False) -> torch.Tensor:
+                  lora: LoraDelta | None = None, early_dependents: bool = False,
+                  shrink: LoraWeights | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x [M, K], weight [N, K] -> [M, N] with M <= 64 ([M, N / 2] for "swiglu", whose weight rows
     interleave gate and up); GELU applies to output columns from `act_from` on. Rows of x,
     residual and out may be strided; features must be contiguous. `defer`: x @ W.T only, returned as
     its split-K partials [splits, M, N] (fp32) for the next kernel to sum (see linear.PendingSum).
     `lora`: each row's adapter delta, added to x @ W.T (before the bias and the activation).
-    `shrink_next` (with "swiglu" and `lora`): the next projection's adapters, whose shrink each
-    output tile starts into `next_parts` ([tiles, M, width] fp32, `next_shrink_parts`).
     `early_dependents`: the next kernel launches once this one's programs have waited for theirs (its
-    work before its own wait then runs beside this GEMM's main loop; for one-wave grids)."""
+    work before its own wait then runs beside this GEMM's main loop; for one-wave grids).
+    `shrink` (with `defer`): also x @ A[s].T for every slot s of these adapters, in column tiles of
+    the same grid, returned beside the partials as their own [splits, M, slots * width] fp32."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= 64 and weight.shape[1] == k, (x.shape, weight.shape)
@@ -245,21 +225,22 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     v, lb, ranks, slots = lora if lora is not None else (x, weight[None], x, x)
     block_r = rank_block(v.shape[1]) if lora is not None else 16
     slots_p2 = triton.next_power_of_2(max(1, lb.shape[0] - 1))
-    na = shrink_next.a if shrink_next is not None else x[None]
-    next_w = rank_block(na.shape[1]) if shrink_next is not None else 0
-    if shrink_next is not None:
-        assert act == "swiglu" and cfg.split_k == 1 and lora is not None
-        assert next_parts.shape == (tiles, m, next_w), next_parts.shape
-    _skinny_linear_kernel[(tiles, cfg.split_k)](
+    sa, sparts, shrink_tiles = x, out, 0
+    if shrink is not None:
+        assert defer and lora is None and shrink.a.stride(1) == weight.stride(0) and shrink.a.is_contiguous()
+        sa = shrink.a[1:].flatten(0, 1)  # (every slot's rank rows, slot 0's left out)
+        sparts = torch.empty((cfg.split_k, m, sa.shape[0]), dtype=torch.float32, device=x.device)
+        shrink_tiles = triton.cdiv(sa.shape[0], cfg.block_n)
+    _skinny_linear_kernel[(tiles + shrink_tiles, cfg.split_k)](
         x, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
         partial, arrivals, v, lb, ranks, slots, m, n, k, k_split, act_from, v.shape[1],
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         v.stride(0), lb.stride(0), lb.stride(1), LORA_SLOTS=lb.shape[0] - 1, SLOTS_P2=slots_p2,
-        ONE_PRODUCT=lora is not None and one_product(lb.shape[0] - 1, v.shape[1]), BLOCK_R=block_r, na_ptr=na,
-        npart_ptr=next_parts if next_parts is not None else out, NK=na.shape[2], NR=na.shape[1],
-        stride_nas=na.stride(0), stride_nar=na.stride(1), NEXT_W=next_w, EARLY_DEPENDENTS=early_dependents,
+        ONE_PRODUCT=lora is not None and one_product(lb.shape[0] - 1, v.shape[1]), BLOCK_R=block_r, sa_ptr=sa,
+        sparts_ptr=sparts, NA=sa.shape[0], SHRINK_TILES=shrink_tiles, EARLY_DEPENDENTS=early_dependents,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
         UPCAST=INTERPRET or x.dtype == torch.float32, BLOCK_M=max(16, triton.next_power_of_2(m)),
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
+        EVEN_N=n % cfg.block_n == 0 and (shrink is None or sa.shape[0] % cfg.block_n == 0),
         SPLIT_K=cfg.split_k, DEFER=defer, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args())
-    return out
+    return (out, sparts) if shrink is not None else out

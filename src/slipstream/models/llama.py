@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..kernels.attention import AttentionInputs, Rope, rotary_paged_attention
-from ..kernels.linear import PendingSum, down_lora_in_norm, interleave_gate_up, linear
+from ..kernels.linear import PendingSum, interleave_gate_up, linear
 from ..kv_cache import KVCache
 from ..lora.targets import ALL, LoraTarget, Part
 from .config import ModelConfig
@@ -73,11 +73,10 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor, lora=None) -> torch.Tensor | PendingSum:
         """`residual` + down(silu(gate) * up) (the sum left to the next norm where the skinny GEMM
         runs); with `lora`, the adapters' deltas go in before the SwiGLU."""
-        shrunk = down_lora_in_norm(x, self.gate_up_proj.weight, lora)  # (down's shrink started by gate_up's tiles)
         hidden = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, act="swiglu",
-                        lora=lora and lora["gate_up"], shrink_next=shrunk)
+                        lora=lora and lora["gate_up"])
         return linear(hidden, self.down_proj.weight, self.down_proj.bias, residual=residual, defer=True,
-                      lora=shrunk or (lora and lora["down"]))
+                      lora=lora and lora["down"], lora_in_norm=True)
 
 
 class LlamaDecoderLayer(nn.Module):
