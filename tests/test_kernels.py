@@ -359,8 +359,9 @@ def test_a_norm_adds_the_gemm_befores_adapter_delta_and_shrinks_for_the_gemm_aft
     dx, dw0, dbias, dr, dnw, dw1, da0, db0, da1, db1, dranks, dslots = on
     config = Config(16, 32, 4, 1, 2)
     if pending:  # (what linear(..., defer=True, lora=, lora_in_norm=True) leaves where the skinny GEMM runs)
-        partials, parts = skinny_linear(dx, dw0, config=config, defer=True, shrink=LoraWeights(da0, db0, dranks, dslots))
-        before = PendingSum(partials, dbias, dr, LoraShrunk(parts, LoraWeights(da0, db0, dranks, dslots)))
+        adapter = LoraWeights(da0, db0, dranks, dslots)
+        partials, parts = skinny_linear(dx, dw0, config=config, defer=True, shrink=adapter)
+        before = PendingSum(partials, dbias, dr, LoraShrunk(parts, adapter))
     else:
         before = dr
     total, normed, delta = rms_norm_shrink(before, dnw, 1e-6, LoraWeights(da1, db1, dranks, dslots))

@@ -119,8 +119,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
                        sp, pb, na, nrank, v, rows, d, sp.shape[-1], pb.shape[2], na.shape[1], eps, x.stride(0),
                        out.stride(0), pb.stride(0), pb.stride(1), na.stride(0), na.stride(1), v.stride(0),
                        RMS=rms, SPLITS=0 if parts is None else parts.shape[0], PART_BIAS=part_bias is not None,
-                       BLOCK_D=block, PREV_LORA=prev is not None, BLOCK_PR=rank_block(pb.shape[2]) if prev is not None else 16,
-                       NEXT_LORA=shrink is not None,
+                       BLOCK_D=block, PREV_LORA=prev is not None,
+                       BLOCK_PR=rank_block(pb.shape[2]) if prev is not None else 16, NEXT_LORA=shrink is not None,
                        num_warps=min(8, max(1, block // 256)) * (2 if rms else 1), **pdl_args())
     delta = None if shrink is None else LoraDelta(v, shrink.b, shrink.ranks, shrink.slots[:rows])
     return out, delta

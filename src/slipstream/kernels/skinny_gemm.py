@@ -91,9 +91,9 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
     one product over all slots, their B loaded before the wait, that the main loop accumulates onto
     (ONE_PRODUCT), or one a slot after it.
     SHRINK_TILES > 0 (DEFER): the last SHRINK_TILES column tiles multiply x by the NA rows at sa_ptr
-    instead (every slot's A of the next norm's adapter, as rows of W's stride), leaving their
-    partials at sparts_ptr ([SPLIT_K, M, NA] fp32): the shrink of this GEMM's adapter, which the norm
-    finishing the sum adds up, each row at its slot's rank columns (kernels.norm).
+    instead (every slot's A rows of this GEMM's adapter, with W's row stride), leaving their partials
+    at sparts_ptr ([SPLIT_K, M, NA] fp32): the shrink, which the norm finishing the sum takes at each
+    row's slot's rank columns (kernels.norm).
     EARLY_DEPENDENTS: the next kernel's launch is triggered right after the wait, not after the main
     loop (a one-wave grid whose next kernel has work to do before its own wait: an RMSNorm adding an
     adapter's delta, kernels.norm)."""
