@@ -76,7 +76,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         from .skinny_gemm import skinny_linear
 
         if (defer and lora_in_norm and isinstance(lora, LoraWeights) and weight.shape[0] <= NORM_MAX_FEATURES
-                and lora.a.stride(1) == weight.stride(0)):  # (A's rows stream as the weight's)
+                and lora.a.is_contiguous() and lora.a.stride(1) == weight.stride(0)):  # (A's rows stream as W's)
             partials, parts = skinny_linear(x, weight, defer=True, early_dependents=True, shrink=lora)
             return PendingSum(partials, bias, residual,
                               LoraShrunk(parts, lora._replace(slots=lora.slots[: x.shape[0]])))
