@@ -58,7 +58,8 @@ PROGRAMS_PER_SM = 2  # the shrink's feature split aims at this many programs per
 MAX_SPLITS = 8
 ONE_PRODUCT_COLUMNS = 512  # the expand's rank columns in one product at most (one_product)
 # The widest rows (features) an RMSNorm's program takes an adapter's work for, beside the row it holds
-# [16, features] tiles of A and B (kernels.norm.rms_norm_shrink, kernels.linear's lora_in_norm)
+# a [16, features] tile of the next projection's A (kernels.norm.rms_norm_shrink) or the GEMM before's
+# B (kernels.linear's lora_in_norm)
 NORM_MAX_FEATURES = 2048
 
 

@@ -106,9 +106,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ep
     block = triton.next_power_of_2(d)
     parts, part_bias = (pending.partials, pending.bias) if pending is not None else (None, None)
     prev = pending.lora if pending is not None else None
-    sp, (_, pb, _, pslots) = prev if prev is not None else (x, (None, x[None], None, x))
+    sp, pb = (prev.parts, prev.weights.b) if prev is not None else (x, x[None])
     assert prev is None or sp.shape[:2] == parts.shape[:2], "the shrink's partials are its GEMM's"
-    slots = pslots if prev is not None else shrink.slots if shrink is not None else x
+    slots = prev.weights.slots if prev is not None else shrink.slots if shrink is not None else x
     na, _, nrank, _ = shrink if shrink is not None else (x[None], None, x, None)
     v = torch.empty((rows, na.shape[1]), dtype=x.dtype, device=x.device) if shrink is not None else x
     # (an RMSNorm runs twice the warps, with or without an adapter's tiles, which need the registers:
