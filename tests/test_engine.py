@@ -178,6 +178,19 @@ def test_outputs_and_stats(tiny_llama):
         assert stats["kv_pages_free"] == stats["kv_pages_total"] and stats["running"] == stats["waiting"] == 0
 
 
+def test_ttft_counts_from_submit_so_a_prompts_tokenization_is_in_it(tiny_llama):
+    with make_llm(tiny_llama) as llm:
+        encode = llm.tokenizer.encode
+
+        def slow_encode(text: str) -> list[int]:
+            time.sleep(0.05)
+            return encode(text)
+
+        llm.tokenizer.encode = slow_encode
+        (out,) = llm.generate(["the pipeline"], SamplingParams(max_tokens=2))
+    assert out.metrics.ttft >= 0.05
+
+
 def test_on_finish_hands_the_result_over_instead_of_keeping_it(tiny_llama):
     """submit(on_finish=...) (the server's engine process): called once with the output, and the
     result is not kept for result(); pending ones get the error when the engine shuts down."""

@@ -17,7 +17,9 @@ openai = pytest.importorskip("openai")
 
 from serving import metric_values, start_server, stop_server, wait_idle  # noqa: E402
 from slipstream import LLM, SamplingParams  # noqa: E402
-from slipstream.server.app import EventStream  # noqa: E402
+from slipstream.server.app import EventStream, _App, build_app  # noqa: E402
+from slipstream.server.engine_process import _Server  # noqa: E402
+from slipstream.server.protocol import Delta, Generate, Ready  # noqa: E402
 
 KEY = "sk-test"
 MODEL = "random:tiny-llama"
@@ -330,3 +332,99 @@ def test_an_event_stream_sends_each_frame_and_stops_at_the_next_frame_once_its_c
     sent, trace = asyncio.run(run(2))
     assert [m["body"] for m in sent[1:]] == [b"data: 0\n\n", b"data: 1\n\n"]
     assert trace == ["yield 0", "yield 1", "closed"]
+
+
+class _QueuingEngine:
+    """An engine stand-in: it queues each request at once and gives its first token when told."""
+
+    ready = Ready(model="m", max_model_len=256, vocab_size=100, max_prompt_bytes=4096)
+    dead, stats, in_flight, started = None, None, 0, 0
+
+    def __init__(self) -> None:
+        self.token = asyncio.Event()
+
+    async def request(self, message, choices=1):
+        yield [Delta(message.id, queued=True)]
+        await self.token.wait()
+        yield [Delta(message.id, text="hi", completion_tokens=1, finish_reason="length", prompt_tokens=2)]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_stream_starts_when_the_engine_queues_the_request_not_at_its_first_token(chat):
+    """The response's headers (and a chat's role chunk) go out while the engine prefills, so that
+    only the first token's own chunk is left on its path; a completion sends no empty chunk."""
+    async def run() -> tuple[list[dict], list[dict]]:
+        engine, sent = _QueuingEngine(), []
+        body = {"messages": [{"role": "user", "content": "x"}]} if chat else {"prompt": [1, 2]}
+        raw = json.dumps({**body, "max_tokens": 1, "stream": True}).encode()
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions" if chat else "/v1/completions",
+                 "headers": [(b"content-length", str(len(raw)).encode())], "query_string": b"", "root_path": ""}
+        messages = [{"type": "http.request", "body": raw, "more_body": False}]
+
+        async def receive() -> dict:
+            if messages:
+                return messages.pop()
+            await asyncio.Event().wait()  # (the client stays)
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        serving = asyncio.ensure_future(build_app(engine)(scope, receive, send))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        before_token = list(sent)
+        engine.token.set()
+        await serving
+        return before_token, sent
+
+    before_token, sent = asyncio.run(run())
+    assert before_token[0]["type"] == "http.response.start" and before_token[0]["status"] == 200
+    frames = [json.loads(m["body"][6:]) for m in before_token[1:]]
+    if chat:
+        assert [f["choices"][0]["delta"] for f in frames] == [{"role": "assistant", "content": ""}]
+    else:
+        assert frames == []
+    texts = [m["body"] for m in sent[len(before_token):] if b'"hi"' in m.get("body", b"")]
+    assert len(texts) == 1 and sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+def test_the_engine_process_answers_each_request_queued_or_refused_at_once():
+    """Its main thread's word on a request: queued once its sequences are in the engine, or refused
+    with the reason; never both."""
+    replies: list[Delta] = []
+    with LLM(MODEL, device="cpu", max_num_seqs=2) as llm:
+        server = _Server(llm, replies.append, lambda batch: None)
+        server.handle(Generate("ok", prompt=[1, 2, 3], params={"max_tokens": 2}, n=2))
+        assert replies == [Delta("ok", queued=True)] and len(server.running.engine_ids("ok")) == 2
+        server.handle(Generate("bad", prompt=[1, 10**9], params={"max_tokens": 2}))
+        assert len(replies) == 2 and replies[1].id == "bad" and replies[1].invalid and not replies[1].queued
+        assert "outside the vocabulary" in replies[1].error
+
+
+def test_generation_routes_skip_the_middleware_yet_still_route_under_a_root_path():
+    """A POST to a direct route reaches its handler past the app's middleware; other methods, and
+    the app mounted under a root path, go through the middleware and router as any route does."""
+    from starlette.responses import PlainTextResponse
+
+    seen: list[str] = []
+    app = _App()
+
+    @app.middleware("http")
+    async def note(request, call_next):
+        seen.append(request.url.path)
+        return await call_next(request)
+
+    async def handler(request) -> PlainTextResponse:
+        return PlainTextResponse(f"handled {request.method}")
+
+    app.add_direct_route("/v1/x", handler)
+
+    async def run(root_path: str = "") -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app, root_path=root_path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t" + root_path) as http:
+            return [await http.post("/v1/x"), await http.get("/v1/x")]
+
+    posted, got = asyncio.run(run())
+    assert posted.text == "handled POST" and got.status_code == 405 and seen == ["/v1/x"]
+    posted, _ = asyncio.run(run("/api"))
+    assert posted.text == "handled POST" and len(seen) == 3

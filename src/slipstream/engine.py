@@ -12,6 +12,7 @@ import itertools
 import numbers
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence as Seq
@@ -123,7 +124,9 @@ class EngineCore:
 
     def make_sequence(self, prompt: str | Seq[int] | np.ndarray, params: SamplingParams | None,
                       on_token: Callable[[int, int, str], None] | None) -> Sequence:
-        """Validate a request and build its Sequence; every bad input raises ValueError/TypeError here."""
+        """Validate a request and build its Sequence; every bad input raises ValueError/TypeError here.
+        Its TTFT counts from here: the prompt's tokenization and checks are the request's own time."""
+        arrival = time.perf_counter()
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
         room = self.max_model_len - len(ids)
@@ -132,6 +135,7 @@ class EngineCore:
                              f"no room to generate")
         seq = Sequence(
             request_id=next(self._ids), prompt_ids=ids, params=params, max_tokens=min(params.max_tokens, room),
+            arrival=arrival,
             seed=params.resolved_seed(),
             eos_ids=frozenset(self.model_config.eos_token_ids) | frozenset(params.stop_token_ids),
             text=TextStream(self.tokenizer, params.stop),

@@ -50,7 +50,7 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
 
     # (FastAPI's OpenTelemetry hooks off: left on, each request looks up the global providers,
     # ~0.35 ms of the API process's time a request in a profile of a burst, docs/server.md)
-    app = FastAPI(title="slipstream", lifespan=lifespan, telemetry={"tracing": False, "metrics": False, "logs": False})
+    app = _App(title="slipstream", lifespan=lifespan, telemetry={"tracing": False, "metrics": False, "logs": False})
 
     def check_key(request: Request) -> None:
         """401 without the key (a check in each /v1/ handler: an HTTP middleware would hide the
@@ -110,7 +110,8 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
             return error(400, str(e), param=e.param)
 
     async def start(message: Generate | Skill, n: int = 1) -> tuple[list[Delta], AsyncIterator[list[Delta]]]:
-        """Send the request; its first batch of deltas (an error there refuses it) and the rest."""
+        """Send the request; its first batch of deltas (the engine's word that it queued it, or its
+        refusal, which refuses it here) and the rest."""
         batches = metrics.observe(engine.request(message, n))
         try:
             first = await anext(batches)
@@ -181,27 +182,52 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
 
         return route
 
-    # Starlette's routes, not FastAPI's: the handlers read the body themselves, so FastAPI's
-    # per-request dependency and validation machinery would only cost time (docs/server.md)
-    app.add_route("/v1/completions", completions, methods=["POST"])
-    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_direct_route("/v1/completions", completions)
+    app.add_direct_route("/v1/chat/completions", chat_completions)
     for skill in SKILLS:
-        app.add_route(f"/v1/{skill}", skill_route(skill), methods=["POST"])
+        app.add_direct_route(f"/v1/{skill}", skill_route(skill))
     return app
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class _App(FastAPI):
+    """FastAPI, but a POST to a generation route goes straight to its handler, past Starlette's
+    middleware and router: ~0.1 ms of a request's first token path on the H200's host, whose CPUs
+    run such code, cold after waiting for the request, several times slower than a warm loop does
+    (docs/server.md, run p). The handlers read their bodies themselves, so FastAPI's dependency and
+    validation machinery would only cost time too. They are also routes of the app, which serve
+    them where the direct lookup does not find the path (an app mounted under a root path)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.direct: dict[str, Handler] = {}
+
+    def add_direct_route(self, path: str, handler: Handler) -> None:
+        self.add_route(path, handler, methods=["POST"])
+        self.direct[path] = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self.direct.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if handler is None:
+            await super().__call__(scope, receive, send)
+        else:
+            response = await handler(Request(scope, receive, send))
+            await response(scope, receive, send)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
     """The body as a JSON object; one too large is refused by its Content-Length, or as soon as what
     arrived passes the limit, without reading the rest."""
-    too_large = _Refused(error(413, f"request body over {MAX_BODY_BYTES} bytes"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise too_large
+        raise _Refused(error(413, f"request body over {MAX_BODY_BYTES} bytes"))
     raw = bytearray()
     async for piece in request.stream():
         raw += piece
         if len(raw) > MAX_BODY_BYTES:
-            raise too_large
+            raise _Refused(error(413, f"request body over {MAX_BODY_BYTES} bytes"))
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:

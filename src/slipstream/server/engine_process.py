@@ -2,19 +2,19 @@
 
 Its main thread receives `Generate` / `Skill` / `Abort`, validates, tokenizes (chat templates
 included), compiles grammars and decodes images, then queues the sequences: that work stays off
-the loop thread. Text is detokenized where the engine already does it, at commit (text.py), so
+the loop thread. It answers each request at once on a socket of its own: queued (the API process
+starts a streamed response then, while the engine prefills, so that only the first token's own
+frame is left on its path) or refused, with the reason. Text is detokenized where the engine already does it, at commit (text.py), so
 the stop strings are decided there and only new text travels; the per-token hooks and `on_finish`
 only append to a batch, which the loop thread ships after each pass (`LLM.after_callbacks`): one
 message per commit however many requests moved, sent by the loop itself because a sender thread
 would wait for the interpreter lock while the loop goes on to its next step (~0.3 ms of the first
-token's path on the H200, docs/server.md). A sender thread ships what the main thread refuses,
-and the stats."""
+token's path on the H200, docs/server.md). A thread of its own sends the stats."""
 from __future__ import annotations
 
 import dataclasses
 import faulthandler
 import os
-import queue
 import signal
 import threading
 import time
@@ -53,17 +53,24 @@ def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str]
                                       vocab_size=llm.core.model_config.vocab_size,
                                       max_prompt_bytes=llm.core.max_model_len * llm.tokenizer.max_token_bytes,
                                       moondream=llm.core.moondream is not None, loras=list(loras))))
-    outbox: queue.SimpleQueue[Delta] = queue.SimpleQueue()
-    threading.Thread(target=_send_batches, args=(llm, outbox, outputs, encoder), daemon=True).start()
-    committed = ctx.socket(zmq.PUSH)  # (the loop's own: a socket is used by one thread at a time)
-    committed.setsockopt(zmq.SNDHWM, 0)  # (a slow reader never blocks the loop)
-    committed.connect(outputs_addr)
+    threading.Thread(target=_send_stats, args=(llm, outputs, encoder), daemon=True).start()
+    replies, committed = _pusher(ctx, outputs_addr), _pusher(ctx, outputs_addr)  # (this thread's, the loop's)
     requests = ctx.socket(zmq.PULL)
     requests.connect(requests_addr)
     decoder = msgspec.msgpack.Decoder(ToEngine)
-    server = _Server(llm, outbox, lambda batch: committed.send(encoder.encode(batch)))
+    server = _Server(llm, lambda delta: replies.send(encoder.encode([delta])),
+                     lambda batch: committed.send(encoder.encode(batch)))
     while True:
         server.handle(decoder.decode(requests.recv()))
+
+
+def _pusher(ctx: zmq.Context, addr: str) -> zmq.Socket:
+    """A socket to the API process for one thread (a ZMQ socket is used by one thread at a time),
+    its queue unbounded so that a slow reader never blocks the sender."""
+    socket = ctx.socket(zmq.PUSH)
+    socket.setsockopt(zmq.SNDHWM, 0)
+    socket.connect(addr)
+    return socket
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -76,10 +83,11 @@ def _exit_with_parent(parent: int) -> None:
 
 class _Server:
     """Turns messages into queued sequences, and their callbacks into batches of deltas that `send`
-    ships once each group of callbacks is done; what it refuses itself goes through the outbox."""
+    ships once each group of callbacks is done; `reply` answers each request at once: queued, or
+    refused."""
 
-    def __init__(self, llm: LLM, outbox: queue.SimpleQueue, send: Callable[[list[Delta]], None]) -> None:
-        self.llm, self.outbox, self.send = llm, outbox, send
+    def __init__(self, llm: LLM, reply: Callable[[Delta], None], send: Callable[[list[Delta]], None]) -> None:
+        self.llm, self.reply, self.send = llm, reply, send
         self.running = _Running()
         self.pieces = _TokenPieces(llm)
         self.batch: list[Delta] = []  # (the callbacks run one at a time, on the loop thread)
@@ -102,10 +110,10 @@ class _Server:
             else:
                 seqs = [self.llm.skill_sequence(message.image, message.skill, message.argument, message.settings)]
         except (ValueError, TypeError) as e:
-            self.outbox.put(Delta(message.id, finish_reason="error", error=str(e), invalid=True))
+            self.reply(Delta(message.id, finish_reason="error", error=str(e), invalid=True))
             return
         except Exception as e:  # (a bug, not the input: this request fails, the engine serves on)
-            self.outbox.put(Delta(message.id, finish_reason="error", error=f"preparing the request failed: {e!r}"))
+            self.reply(Delta(message.id, finish_reason="error", error=f"preparing the request failed: {e!r}"))
             return
         spatial = isinstance(message, Skill) and message.skill in SPATIAL_SKILLS  # (answers come at the end)
         queued = []
@@ -117,7 +125,9 @@ class _Server:
         try:
             self.running.start(message.id, lambda: [self.llm.enqueue(seq, done) for seq, done in queued])
         except RuntimeError as e:  # the loop died: its death fails what was queued, and this request
-            self.outbox.put(Delta(message.id, finish_reason="error", error=str(e)))
+            self.reply(Delta(message.id, finish_reason="error", error=str(e)))
+            return
+        self.reply(Delta(message.id, queued=True))
 
     def _generate(self, message: Generate) -> list[Sequence]:
         """The request's n sequences, validated and tokenized once; each choice's seed is offset by
@@ -240,24 +250,9 @@ class _TokenPieces:
         return ship
 
 
-def _send_batches(llm: LLM, outbox: queue.SimpleQueue, socket: zmq.Socket, encoder: msgspec.msgpack.Encoder,
-                  stats_every: float = 0.5) -> None:
-    """The thread that sends the main thread's refusals as they come, the engine's stats between them."""
-    next_stats = time.monotonic()
+def _send_stats(llm: LLM, socket: zmq.Socket, encoder: msgspec.msgpack.Encoder, every: float = 0.5) -> None:
     fields = Stats.__struct_fields__
     while True:
-        now = time.monotonic()
-        if now >= next_stats:
-            stats = llm.stats()
-            socket.send(encoder.encode(Stats(**{k: stats[k] for k in fields if k in stats})))
-            next_stats = now + stats_every
-        try:
-            batch = [outbox.get(timeout=max(0.0, next_stats - now))]
-        except queue.Empty:
-            continue
-        while True:
-            try:
-                batch.append(outbox.get_nowait())
-            except queue.Empty:
-                break
-        socket.send(encoder.encode(batch))
+        stats = llm.stats()
+        socket.send(encoder.encode(Stats(**{k: stats[k] for k in fields if k in stats})))
+        time.sleep(every)

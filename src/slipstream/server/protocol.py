@@ -3,7 +3,8 @@
 API -> engine: `Generate` (a prompt or chat messages, the sampling fields, n choices), `Skill` (a
 Moondream 2 skill on an image), `Abort`. Engine -> API: batches of `Delta` (a choice's new text and
 its tokens' logprobs; a choice's last delta carries its finish reason, token counts, points or
-boxes, or an error; its first delta with tokens, the engine's stamps of its first token's path),
+boxes, or an error; its first delta with tokens, the engine's stamps of its first token's path;
+and one delta a request, from the engine process's main thread, saying it was queued or refused),
 one `Ready` when the model is loaded, and `Stats` twice a second."""
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ class Delta(msgspec.Struct, tag=True, omit_defaults=True):
     objects: list[dict] | None = None  # point / detect: the points or boxes
     error: str | None = None  # the request failed: `invalid` says whether its input was at fault
     invalid: bool = False
+    # the engine queued the request: a delta of its own, sent by the main thread as it queues it; the
+    # first tokens come later from the loop thread, on another socket (so, rarely, first)
+    queued: bool = False
     # a choice's first delta with tokens: when the engine process received the request and when the
     # loop committed that text (time.monotonic: one clock for every process of a Linux host)
     stamps: tuple[float, float] | None = None

@@ -89,9 +89,10 @@ class OpenAIReply:
                 "top_logprobs": [{_text(p): lp for p, lp in t.top} for t in tokens], "text_offset": offsets}
 
     def chunk(self, delta: Delta) -> dict[str, Any] | None:
-        """A delta's SSE chunk, or None when it carries nothing to say."""
+        """A delta's SSE chunk, or None when it carries nothing to say (a chat choice's first chunk
+        names the role, so the engine's word that it queued the request is one)."""
         i, first = delta.index, delta.index not in self._opened
-        if not (delta.text or first or delta.finish_reason is not None or delta.logprobs):
+        if not (delta.text or (first and self.chat) or delta.finish_reason is not None or delta.logprobs):
             return None
         self._opened.add(i)
         choice: dict[str, Any] = {"index": i}
