@@ -4,12 +4,13 @@ Its main thread receives `Generate` / `Skill` / `Abort`, validates, tokenizes (c
 included), compiles grammars and decodes images, then queues the sequences: that work stays off
 the loop thread. It answers each request at once on a socket of its own: queued (the API process
 starts a streamed response then, while the engine prefills, so that only the first token's own
-frame is left on its path) or refused, with the reason. Text is detokenized where the engine already does it, at commit (text.py), so
-the stop strings are decided there and only new text travels; the per-token hooks and `on_finish`
-only append to a batch, which the loop thread ships after each pass (`LLM.after_callbacks`): one
-message per commit however many requests moved, sent by the loop itself because a sender thread
-would wait for the interpreter lock while the loop goes on to its next step (~0.3 ms of the first
-token's path on the H200, docs/server.md). A thread of its own sends the stats."""
+frame is left on its path) or refused, with the reason. Text is detokenized where the engine
+already does it, at commit (text.py), so the stop strings are decided there and only new text
+travels; the per-token hooks and `on_finish` only append to a batch, which the loop thread ships
+after each pass (`LLM.after_callbacks`): one message per commit however many requests moved, sent
+by the loop itself because a sender thread would wait for the interpreter lock while the loop goes
+on to its next step (~0.3 ms of the first token's path on the H200, docs/server.md). A thread of
+its own sends the stats."""
 from __future__ import annotations
 
 import dataclasses
