@@ -73,10 +73,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     in column tiles of its own grid and leaves the delta to the RMSNorm that finishes the sum (an
     output row must fit that norm's program: LoraShrunk)."""
     if triton_rows(x) and x.shape[0] <= MAX_ROWS:
-        from .skinny_gemm import skinny_linear
+        from .skinny_gemm import grid_can_shrink, skinny_linear
 
         if (defer and lora_in_norm and isinstance(lora, LoraWeights) and weight.shape[0] <= NORM_MAX_FEATURES
-                and lora.a.is_contiguous() and lora.a.stride(1) == weight.stride(0)):  # (A's rows stream as W's)
+                and grid_can_shrink(weight, lora)):
             partials, parts = skinny_linear(x, weight, defer=True, early_dependents=True, shrink=lora)
             return PendingSum(partials, bias, residual,
                               LoraShrunk(parts, lora._replace(slots=lora.slots[: x.shape[0]])))

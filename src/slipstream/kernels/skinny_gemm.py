@@ -172,6 +172,12 @@ def _skinny_linear_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
             tl.atomic_xchg(arrivals_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
 
 
+def grid_can_shrink(weight: torch.Tensor, adapters: LoraWeights) -> bool:
+    """Whether `skinny_linear`'s grid can take these adapters' shrink (`shrink`): their A stacks
+    contiguous, each rank row streaming with W's row stride."""
+    return adapters.a.is_contiguous() and adapters.a.stride(1) == weight.stride(0)
+
+
 def default_config(m: int, n: int, k: int, defer: bool = False) -> Config:
     """The launch configuration for an (M, N, K) problem, from `scripts/gemm_sweep.py` and the decode
     step on the H200 (docs/kernel-notes.md). Enough programs must stream weights at once to cover
@@ -227,7 +233,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     slots_p2 = triton.next_power_of_2(max(1, lb.shape[0] - 1))
     sa, sparts, shrink_tiles = x, out, 0
     if shrink is not None:
-        assert defer and lora is None and shrink.a.stride(1) == weight.stride(0) and shrink.a.is_contiguous()
+        assert defer and lora is None and grid_can_shrink(weight, shrink)
         sa = shrink.a[1:].flatten(0, 1)  # (every slot's rank rows, slot 0's left out)
         sparts = torch.empty((cfg.split_k, m, sa.shape[0]), dtype=torch.float32, device=x.device)
         shrink_tiles = triton.cdiv(sa.shape[0], cfg.block_n)
