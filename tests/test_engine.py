@@ -256,6 +256,28 @@ def test_loop_blocks_when_idle(tiny_llama):
         assert (after.user - before.user) + (after.system - before.system) < 0.1
 
 
+def test_idle_holds_only_while_the_loop_waits_with_nothing_queued(tiny_llama):
+    """What `serve --busy-poll` polls on: the loop thread parked and nothing in its inbox, so no
+    thread but the intake's will wake it."""
+    def settles_idle(llm) -> bool:
+        deadline = time.monotonic() + 10
+        while not llm.idle and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return llm.idle
+
+    with make_llm(tiny_llama) as llm:
+        assert settles_idle(llm)
+        rid = llm.submit([1, 2, 3], SamplingParams(max_tokens=32, ignore_eos=True))
+        assert not llm.idle  # (queued, or taken by the loop, which is no longer parked)
+        llm.result(rid)
+        assert settles_idle(llm)
+        with llm._cv:  # (the loop cannot take what is queued while this thread holds its lock)
+            llm._inbox.append(("abort", 10**6))
+            assert llm._parked and not llm.idle
+            llm._cv.notify()
+        assert settles_idle(llm)
+
+
 def test_callback_error_aborts_only_its_request(tiny_llama):
     def boom(rid, n, delta):
         raise ValueError("consumer failed")

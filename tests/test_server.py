@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -400,6 +401,59 @@ def test_the_engine_process_answers_each_request_queued_or_refused_at_once():
         server.handle(Generate("bad", prompt=[1, 10**9], params={"max_tokens": 2}))
         assert len(replies) == 2 and replies[1].id == "bad" and replies[1].invalid and not replies[1].queued
         assert "outside the vocabulary" in replies[1].error
+
+
+def test_the_intake_polls_while_the_engine_is_idle_and_waits_in_the_kernel_while_it_runs():
+    """`serve --busy-poll`: while the loop is idle the intake thread polls without sleeping (thousands
+    of looks a second); while it runs, the intake waits in the kernel, looking again each
+    millisecond, so that it never holds the interpreter lock the loop wants; either way a request
+    that lands is read."""
+    import threading
+
+    import zmq
+
+    from slipstream.server.engine_process import _next_request
+
+    class Engine:
+        def __init__(self, idle: bool) -> None:
+            self._idle, self.looks = idle, 0
+
+        @property
+        def idle(self) -> bool:
+            self.looks += 1
+            return self._idle
+
+    ctx = zmq.Context()
+    try:
+        for idle, fewest, most in ((True, 500, None), (False, 5, 150)):
+            pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+            pull.bind(f"inproc://intake-{idle}")
+            push.connect(f"inproc://intake-{idle}")
+            engine, got = Engine(idle), []
+            reader = threading.Thread(target=lambda: got.append(_next_request(pull, engine)), daemon=True)
+            reader.start()
+            time.sleep(0.1)
+            looks = engine.looks
+            push.send(b"request")
+            reader.join(5)
+            assert got == [b"request"]
+            assert looks >= fewest and (most is None or looks <= most), (idle, looks)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_busy_polling_server_answers_as_the_offline_engine(offline):
+    proc, url = start_server(MODEL, "--busy-poll")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        want = offline.generate("The sea is", SamplingParams(max_tokens=8))[0].text
+        assert client.completions.create(model=MODEL, prompt="The sea is", max_tokens=8, temperature=0).choices[0].text \
+            == want
+        stream = client.completions.create(model=MODEL, prompt="The sea is", max_tokens=8, temperature=0, stream=True)
+        assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == want
+        assert wait_idle(url)["slipstream_kv_pages_in_use"] == 0
+    finally:
+        stop_server(proc)
 
 
 def test_generation_routes_skip_the_middleware_yet_still_route_under_a_root_path():

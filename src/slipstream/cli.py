@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="engine processes, one per GPU (or all on the CPU), behind one API process")
     v.add_argument("--max-in-flight", type=int, default=4096,
                    help="requests served at once; one more gets 429 with Retry-After")
+    v.add_argument("--busy-poll", action="store_true",
+                   help="poll instead of sleeping while idle: the API process and each engine process's intake "
+                        "keep a CPU busy, and a lone request's first token comes sooner (docs/server.md)")
 
     s = sub.add_parser("bench-serve", help="traffic through a running server's HTTP API (bench/serve.py)")
     s.add_argument("--url", default="http://127.0.0.1:8000")
@@ -278,7 +281,7 @@ def _engines(args, options: dict, loras: dict):
 
     n = args.data_parallel
     if n == 1:
-        return EngineClient(args.model, options, loras)
+        return EngineClient(args.model, options, loras, args.busy_poll)
     if n < 1:
         raise ValueError(f"--data-parallel must be >= 1, got {n}")
     import torch
@@ -286,11 +289,11 @@ def _engines(args, options: dict, loras: dict):
     from .server.router import Replicas
 
     if args.device is not None and str(args.device).startswith("cpu"):
-        return Replicas(args.model, options, loras, ["cpu"] * n)
+        return Replicas(args.model, options, loras, ["cpu"] * n, args.busy_poll)
     gpus = torch.cuda.device_count()
     if n > gpus:
         raise ValueError(f"--data-parallel {n} asks for a GPU each, and {gpus} are present")
-    return Replicas(args.model, options, loras, [f"cuda:{i}" for i in range(n)])
+    return Replicas(args.model, options, loras, [f"cuda:{i}" for i in range(n)], args.busy_poll)
 
 
 def _serve(args) -> int:
@@ -320,7 +323,7 @@ def _serve(args) -> int:
     options["max_lora_rank"] = args.max_lora_rank
     EngineConfig(model=args.model, **options)  # (a bad option is an error here, not an engine process's traceback)
     faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
-    app = build_app(_engines(args, options, loras), args.api_key, args.max_in_flight)
+    app = build_app(_engines(args, options, loras), args.api_key, args.max_in_flight, args.busy_poll)
     logging.getLogger("slipstream").info("loading %s in %s; serving on http://%s:%d/v1",
                                          args.model or "the embedded model", "the engine process"
                                          if args.data_parallel == 1 else f"{args.data_parallel} engine processes",

@@ -279,6 +279,7 @@ class LLM(MoondreamAPI):
         self._inbox: deque[tuple[str, object]] = deque()
         self._cv = threading.Condition()
         self._stopping = False
+        self._parked = False  # the loop thread waits on _cv for work (`idle`)
         self._error: BaseException | None = None
         # Called after each pass of the loop, once the pass's on_token / on_finish callbacks have all
         # run (a commit's rows, or what it aborted or refused; and after shutdown fails what is
@@ -290,6 +291,14 @@ class LLM(MoondreamAPI):
         self.core.scheduler.after_rest = self._callbacks_done
         self._thread = threading.Thread(target=self._loop, name="slipstream-loop", daemon=True)
         self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        """Whether the loop thread waits for work with nothing queued for it: only a new request or
+        abort will wake it (`serve --busy-poll` polls for requests while this holds, when a poller
+        holding the interpreter lock delays no other thread; a request waiting for a LoRA slot counts
+        as work, since the slot's grant wakes the loop from another thread)."""
+        return self._parked and not self._inbox and not self._lora_waiting
 
     # ---- submit / abort / result --------------------------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -495,7 +504,9 @@ class LLM(MoondreamAPI):
                     if not self._inbox and not sched.has_work() and self.core.runner.clock is not None:
                         self.core.runner.clock.pause()
                     while not self._inbox and not sched.has_work() and not self._stopping:
+                        self._parked = True
                         self._cv.wait()
+                        self._parked = False
                     if self._stopping:
                         return
                     inbox, self._inbox = self._inbox, deque()

@@ -37,15 +37,20 @@ class _Refused(Exception):
         self.response = response
 
 
-def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: int = 4096) -> FastAPI:
+def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: int = 4096,
+              busy_poll: bool = False) -> FastAPI:
     """`max_in_flight`: requests served at once (running, queued in the engine, or streaming out);
-    one more gets a 429 with Retry-After instead of a queue that grows without bound."""
+    one more gets a 429 with Retry-After instead of a queue that grows without bound. `busy_poll`:
+    the event loop never waits in the kernel (`_never_sleep`)."""
     metrics = ServerMetrics(engine)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         await engine.start()
+        poller = asyncio.create_task(_never_sleep()) if busy_poll else None
         yield
+        if poller is not None:
+            poller.cancel()
         await engine.stop()
 
     # (FastAPI's OpenTelemetry hooks off: left on, each request looks up the global providers,
@@ -187,6 +192,13 @@ def build_app(engine: EngineClient, api_key: str | None = None, max_in_flight: i
     for skill in SKILLS:
         app.add_direct_route(f"/v1/{skill}", skill_route(skill))
     return app
+
+
+async def _never_sleep() -> None:
+    """Keeps the event loop looking at its sockets without waiting (`serve --busy-poll`): a request,
+    or the engine's output, is read as it lands instead of after the loop's thread is woken for it."""
+    while True:
+        await asyncio.sleep(0)
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -53,9 +53,11 @@ class _Inbox:
 
 
 class EngineClient:
-    def __init__(self, model: str | None, options: dict[str, Any], loras: dict[str, str] | None = None) -> None:
-        """`loras`: adapters the engine loads at start, name -> path (served as those model names)."""
-        self.model, self.options, self.loras = model, options, dict(loras or {})
+    def __init__(self, model: str | None, options: dict[str, Any], loras: dict[str, str] | None = None,
+                 busy_poll: bool = False) -> None:
+        """`loras`: adapters the engine loads at start, name -> path (served as those model names);
+        `busy_poll`: the engine process polls for requests while idle (`serve --busy-poll`)."""
+        self.model, self.options, self.loras, self.busy_poll = model, options, dict(loras or {}), busy_poll
         self.ready: Ready | None = None
         self.stats: Stats | None = None  # the engine's latest (it sends them twice a second)
         self.dead: str | None = None
@@ -77,7 +79,8 @@ class EngineClient:
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._outputs.getsockopt(zmq.FD), self._receive)
         self._process = multiprocessing.get_context("spawn").Process(
-            target=run_engine, args=(self.model, self.options, self.loras, requests_addr, outputs_addr),
+            target=run_engine,
+            args=(self.model, self.options, self.loras, requests_addr, outputs_addr, self.busy_poll),
             daemon=True, name="slipstream-engine")
         self._process.start()
         deadline = self._loop.time() + timeout

@@ -34,9 +34,10 @@ from .protocol import Abort, Delta, Generate, Ready, Skill, Stats, TokenLogprob,
 
 
 def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str], requests_addr: str,
-               outputs_addr: str) -> None:
+               outputs_addr: str, busy_poll: bool = False) -> None:
     """The engine process's entry point: load the model and its adapters, say Ready, then serve
-    until killed. SIGUSR1 prints every thread's stack to stderr (a stuck engine, diagnosed live)."""
+    until killed (`busy_poll`: see `_next_request`). SIGUSR1 prints every thread's stack to stderr (a
+    stuck engine, diagnosed live)."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     configure_logging()  # (the graphs' capture line, as an engine in the API process would print it)
     # (tqdm's default lock includes a multiprocessing semaphore; the API process terminates this one, so the
@@ -62,7 +63,22 @@ def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str]
     server = _Server(llm, lambda delta: replies.send(encoder.encode([delta])),
                      lambda batch: committed.send(encoder.encode(batch)))
     while True:
-        server.handle(decoder.decode(requests.recv()))
+        server.handle(decoder.decode(_next_request(requests, llm) if busy_poll else requests.recv()))
+
+
+def _next_request(requests: zmq.Socket, llm: LLM) -> bytes:
+    """The next message, polled for without sleeping while the engine is idle (`serve --busy-poll`):
+    this thread reads a request as it lands instead of being woken for it. While the loop thread runs
+    or is about to, it waits in the kernel as without the option, looking again each millisecond: a
+    poller holding the interpreter lock between its polls would keep the loop waiting for it."""
+    while True:
+        if llm.idle:
+            try:
+                return requests.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+        if requests.poll(1):
+            return requests.recv()
 
 
 def _pusher(ctx: zmq.Context, addr: str) -> zmq.Socket:

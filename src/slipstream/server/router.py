@@ -76,8 +76,8 @@ class Replicas:
     """N EngineClients behind EngineClient's interface (what app.py and metrics.py use)."""
 
     def __init__(self, model: str | None, options: dict[str, Any], loras: dict[str, str] | None,
-                 devices: list[str]) -> None:
-        self._make = lambda device: EngineClient(model, {**options, "device": device}, loras)
+                 devices: list[str], busy_poll: bool = False) -> None:
+        self._make = lambda device: EngineClient(model, {**options, "device": device}, loras, busy_poll)
         self.devices = devices
         self.clients = [self._make(d) for d in devices]
         self.index = PrefixIndex()
