@@ -4,7 +4,8 @@ engine's (text, n choices and their seeds, logprobs), streaming concatenates to 
 structured output holds, bad requests get OpenAI-shaped 400s naming the field before any
 tokenization work, the API key is checked, and /metrics counts requests, pages and GPU time (its
 latency histograms as prometheus_client's would). A stream starts when the engine queues its
-request, not at its first token; generation routes skip the app's middleware.
+request, not at its first token; generation routes skip the app's middleware; with `--busy-poll` the
+answers are the same and the engine's intake polls only while the engine is idle.
 Faults (disconnects, the engine's death, SIGTERM, a battery of mixed traffic): test_server_faults.py."""
 from __future__ import annotations
 
