@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The server run on the H200 (issue 18, docs/benchmarks.md): the carried wheels installed (.whl:
-# fastapi, starlette, pydantic, uvicorn with uvloop and httptools, pyzmq, msgspec, orjson,
+# fastapi, starlette, pydantic, uvicorn with uvloop and httptools, msgspec, orjson,
 # prometheus-client, httpx, aiohttp, xgrammar and what they need), the GPU tests of the step clock,
 # then per mode, in one call: the offline engine's mixed and one-at-a-time (ttft) workloads, a `slipstream
 # serve` of that mode on the same shape, and bench-serve through it: the mixed workload all at once
@@ -14,7 +14,7 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
 export PYTHONPATH=src:/tmp/site SLIPSTREAM_CACHE=/tmp/slipstream-cache PYTHONUNBUFFERED=1
-python3 -c "import fastapi, uvicorn, zmq, msgspec, orjson, prometheus_client, aiohttp" || exit 1
+python3 -c "import fastapi, uvicorn, msgspec, orjson, prometheus_client, aiohttp" || exit 1
 R=${OUT:-results}/s
 mkdir -p "$R"
 MODEL=${MODEL:-qwen2.5-0.5b}

@@ -11,7 +11,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl \
   fastapi opentelemetry-api typing-extensions starlette pydantic pydantic-core annotated-types annotated-doc \
-  typing-inspection anyio idna certifi h11 click uvicorn uvloop httptools pyzmq msgspec orjson prometheus-client httpx httpcore \
+  typing-inspection anyio idna certifi h11 click uvicorn uvloop httptools msgspec orjson prometheus-client httpx httpcore \
   aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl \
   xgrammar==0.2.9 apache-tvm-ffi
 du -sh .whl

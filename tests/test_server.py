@@ -409,11 +409,10 @@ def test_the_intake_polls_while_the_engine_is_idle_and_waits_in_the_kernel_while
     of looks a second); while it runs, the intake waits in the kernel, looking again each
     millisecond, so that it never holds the interpreter lock the loop wants; either way a request
     that lands is read."""
+    import socket
     import threading
 
-    import zmq
-
-    from slipstream.server.engine_process import _next_request
+    from slipstream.server.engine_process import _next_chunk
 
     class Engine:
         def __init__(self, idle: bool) -> None:
@@ -424,23 +423,18 @@ def test_the_intake_polls_while_the_engine_is_idle_and_waits_in_the_kernel_while
             self.looks += 1
             return self._idle
 
-    ctx = zmq.Context()
-    try:
-        for idle, fewest, most in ((True, 500, None), (False, 5, 150)):
-            pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-            pull.bind(f"inproc://intake-{idle}")
-            push.connect(f"inproc://intake-{idle}")
+    for idle, fewest, most in ((True, 500, None), (False, 5, 150)):
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
             engine, got = Engine(idle), []
-            reader = threading.Thread(target=lambda: got.append(_next_request(pull, engine)), daemon=True)
+            reader = threading.Thread(target=lambda: got.append(_next_chunk(theirs, engine)), daemon=True)
             reader.start()
             time.sleep(0.1)
             looks = engine.looks
-            push.send(b"request")
+            ours.sendall(b"request")
             reader.join(5)
             assert got == [b"request"]
             assert looks >= fewest and (most is None or looks <= most), (idle, looks)
-    finally:
-        ctx.destroy(linger=0)
 
 
 def test_a_busy_polling_server_answers_as_the_offline_engine(offline):

@@ -2,23 +2,23 @@
 routes its batches of deltas to each request's asyncio queue. If the engine process dies, every
 request in flight ends at once with an error and later ones are refused (`/health` says so).
 
-The sockets are plain pyzmq ones, read by a callback on the event loop's own readiness watch of
-the socket, not zmq.asyncio's: a future for each receive cost ~0.1 ms of the first token's path on
-the H200 (docs/server.md). Sends never block the event loop: the requests socket's queue is
-unbounded, and with no engine process connected a send fails at once (EngineDead)."""
+The two talk over one Unix socket pair (channel.py), read here by asyncio's own transport: its
+callback decodes each frame as it lands, with no future a message (zmq.asyncio's future for each
+receive cost ~0.1 ms of the first token's path on the H200, docs/server.md). Sends never block the
+event loop (the transport queues what the socket cannot take), and once the engine's end is closed
+a send fails at once (EngineDead)."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import multiprocessing
-import tempfile
+import socket
 import time
-from pathlib import Path
 from typing import Any, AsyncIterator
 
 import msgspec
-import zmq
 
+from .channel import Frames, frame
 from .engine_process import run_engine
 from .protocol import Abort, Delta, FromEngine, Generate, Ready, Skill, Stats
 
@@ -68,30 +68,21 @@ class EngineClient:
 
     async def start(self, timeout: float = 600.0) -> None:
         """Start the engine process and wait until its model is loaded."""
-        folder = Path(tempfile.mkdtemp(prefix="slipstream-"))
-        requests_addr, outputs_addr = f"ipc://{folder}/requests", f"ipc://{folder}/outputs"
-        self._ctx = zmq.Context()
-        self._requests = self._ctx.socket(zmq.PUSH)
-        self._requests.setsockopt(zmq.SNDHWM, 0)
-        self._requests.bind(requests_addr)
-        self._outputs = self._ctx.socket(zmq.PULL)
-        self._outputs.bind(outputs_addr)
+        ours, theirs = socket.socketpair()
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self._outputs.getsockopt(zmq.FD), self._receive)
+        self._wire, _ = await self._loop.connect_accepted_socket(lambda: _Wire(self), ours)
         self._process = multiprocessing.get_context("spawn").Process(
-            target=run_engine,
-            args=(self.model, self.options, self.loras, requests_addr, outputs_addr, self.busy_poll),
+            target=run_engine, args=(self.model, self.options, self.loras, theirs, self.busy_poll),
             daemon=True, name="slipstream-engine")
         self._process.start()
+        theirs.close()  # (the engine's copy is its own: once it exits, this end reads the close)
         deadline = self._loop.time() + timeout
         while self.ready is None:
-            if not self._process.is_alive():
-                raise EngineDead(f"the engine process exited (code {self._process.exitcode}) while loading the "
-                                 f"model; its error is above")
+            if self.dead is not None:
+                raise EngineDead(f"{self.dead} while loading the model; its error is above")
             if self._loop.time() > deadline:
                 raise EngineDead(f"the engine process did not load the model within {timeout:.0f} s")
             await asyncio.sleep(0.05)
-        self._watch = asyncio.create_task(self._watch_process())
 
     async def request(self, message: Generate | Skill, choices: int = 1) -> AsyncIterator[list[Delta]]:
         """The request's deltas, in batches of what arrived since the last (so a response writer
@@ -121,46 +112,54 @@ class EngineClient:
                     self._send(Abort(message.id))
 
     def _send(self, message: Generate | Skill | Abort) -> None:
-        try:
-            self._requests.send(self._encoder.encode(message), zmq.NOBLOCK)
-        except zmq.Again:  # (no engine connected: a blocking send would stop the event loop for good)
-            raise EngineDead("the engine process is not connected; it has exited") from None
+        if self._wire.is_closing():  # (its writes would vanish: the request would wait for good)
+            raise EngineDead(self.dead or "the engine process has closed its connection")
+        self._wire.writelines(frame(self._encoder.encode(message)))
 
     @property
     def in_flight(self) -> int:
         return len(self._inboxes)
 
-    def _receive(self) -> None:
-        """Everything the engine sent since the last call (the socket's descriptor says only that its
-        state changed, so it is drained until it holds nothing)."""
-        while self._outputs.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            message = self._decoder.decode(self._outputs.recv(zmq.NOBLOCK))
-            if isinstance(message, list):
-                for delta in message:
-                    inbox = self._inboxes.get(delta.id)
-                    if inbox is not None:
-                        inbox.put(delta)
-            elif isinstance(message, Stats):
-                self.stats = message
-            else:
-                self.ready = message
+    def _receive(self, data: bytes) -> None:
+        message = self._decoder.decode(data)
+        if isinstance(message, list):
+            for delta in message:
+                inbox = self._inboxes.get(delta.id)
+                if inbox is not None:
+                    inbox.put(delta)
+        elif isinstance(message, Stats):
+            self.stats = message
+        else:
+            self.ready = message
 
-    async def _watch_process(self) -> None:
-        while self._process.is_alive():
-            await asyncio.sleep(0.1)
+    def _lost(self) -> None:
+        """The engine's end closed: the engine process has exited, or is exiting (its code is waited for
+        briefly: it has nothing left to do)."""
+        if self._process.is_alive():
+            self._process.join(1.0)
         self.dead = f"the engine process exited (code {self._process.exitcode})"
         for request_id, inbox in list(self._inboxes.items()):
             inbox.put(Delta(request_id, finish_reason="error", error=self.dead))
 
     async def stop(self, grace: float = 5.0) -> None:
-        if getattr(self, "_watch", None) is not None:
-            self._watch.cancel()
-        if getattr(self, "_outputs", None) is not None:
-            self._loop.remove_reader(self._outputs.getsockopt(zmq.FD))
         if getattr(self, "_process", None) is not None and self._process.is_alive():
             self._process.terminate()
             self._process.join(grace)
             if self._process.is_alive():
                 self._process.kill()
-        if getattr(self, "_ctx", None) is not None:
-            self._ctx.destroy(linger=0)
+        if getattr(self, "_wire", None) is not None:
+            self._wire.abort()
+
+
+class _Wire(asyncio.Protocol):
+    """The API process's end of the socket pair: each frame to the client as it completes."""
+
+    def __init__(self, client: EngineClient) -> None:
+        self.client, self.frames = client, Frames()
+
+    def data_received(self, data: bytes) -> None:
+        for message in self.frames.feed(data):
+            self.client._receive(message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client._lost()

@@ -1,28 +1,29 @@
-"""The engine process: the LLM and its loop thread, fed over ZMQ by the API process.
+"""The engine process: the LLM and its loop thread, fed by the API process over a Unix socket
+(channel.py).
 
 Its main thread receives `Generate` / `Skill` / `Abort`, validates, tokenizes (chat templates
 included), compiles grammars and decodes images, then queues the sequences: that work stays off
-the loop thread. It answers each request at once on a socket of its own: queued (the API process
-starts a streamed response then, while the engine prefills, so that only the first token's own
-frame is left on its path) or refused, with the reason. Text is detokenized where the engine
-already does it, at commit (text.py), so the stop strings are decided there and only new text
-travels; the per-token hooks and `on_finish` only append to a batch, which the loop thread ships
-after each pass (`LLM.after_callbacks`): one message per commit however many requests moved, sent
-by the loop itself because a sender thread would wait for the interpreter lock while the loop goes
-on to its next step (~0.3 ms of the first token's path on the H200, docs/server.md). A thread of
-its own sends the stats."""
+the loop thread. It answers each request at once: queued (the API process starts a streamed
+response then, while the engine prefills, so that only the first token's own frame is left on its
+path) or refused, with the reason. Text is detokenized where the engine already does it, at commit
+(text.py), so the stop strings are decided there and only new text travels; the per-token hooks and
+`on_finish` only append to a batch, which the loop thread ships after each pass
+(`LLM.after_callbacks`): one message per commit however many requests moved, sent by the loop itself
+because a sender thread would wait for the interpreter lock while the loop goes on to its next step
+(~0.3 ms of the first token's path on the H200, docs/server.md). A thread of its own sends the stats."""
 from __future__ import annotations
 
 import dataclasses
 import faulthandler
 import os
+import select
 import signal
+import socket
 import threading
 import time
 from typing import Any, Callable
 
 import msgspec
-import zmq
 from tqdm import tqdm
 
 from ..cli import configure_logging
@@ -30,69 +31,59 @@ from ..engine import LLM, RequestOutput
 from ..models.moondream.skills import SPATIAL_SKILLS
 from ..sampling import SamplingParams
 from ..scheduler import Sequence
+from .channel import CHUNK, Frames, Outbox
 from .protocol import Abort, Delta, Generate, Ready, Skill, Stats, TokenLogprob, ToEngine
 
 
-def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str], requests_addr: str,
-               outputs_addr: str, busy_poll: bool = False) -> None:
-    """The engine process's entry point: load the model and its adapters, say Ready, then serve
-    until killed (`busy_poll`: see `_next_request`). SIGUSR1 prints every thread's stack to stderr (a
-    stuck engine, diagnosed live)."""
+def run_engine(model: str | None, options: dict[str, Any], loras: dict[str, str], wire: socket.socket,
+               busy_poll: bool = False) -> None:
+    """The engine process's entry point: load the model and its adapters, say Ready on `wire` (its end
+    of the socket pair), then serve until the API process is gone (`busy_poll`: see `_next_chunk`).
+    SIGUSR1 prints every thread's stack to stderr (a stuck engine, diagnosed live)."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     configure_logging()  # (the graphs' capture line, as an engine in the API process would print it)
     # (tqdm's default lock includes a multiprocessing semaphore; the API process terminates this one, so the
     # semaphore would outlive it and multiprocessing's resource tracker would warn of a leak at shutdown)
     tqdm.set_lock(threading.RLock())
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-    ctx = zmq.Context()
-    outputs = ctx.socket(zmq.PUSH)
-    outputs.connect(outputs_addr)
-    encoder = msgspec.msgpack.Encoder()
+    outbox, encoder = Outbox(wire), msgspec.msgpack.Encoder()
     llm = LLM(model, **options)
     for name, path in loras.items():
         llm.load_lora(name, path)
-    outputs.send(encoder.encode(Ready(model=model or "SmolLM2-135M-Instruct", max_model_len=llm.core.max_model_len,
-                                      vocab_size=llm.core.model_config.vocab_size,
-                                      max_prompt_bytes=llm.core.max_model_len * llm.tokenizer.max_token_bytes,
-                                      moondream=llm.core.moondream is not None, loras=list(loras))))
-    threading.Thread(target=_send_stats, args=(llm, outputs, encoder), daemon=True).start()
-    replies, committed = _pusher(ctx, outputs_addr), _pusher(ctx, outputs_addr)  # (this thread's, the loop's)
-    requests = ctx.socket(zmq.PULL)
-    requests.connect(requests_addr)
+    outbox.send(encoder.encode(Ready(model=model or "SmolLM2-135M-Instruct", max_model_len=llm.core.max_model_len,
+                                     vocab_size=llm.core.model_config.vocab_size,
+                                     max_prompt_bytes=llm.core.max_model_len * llm.tokenizer.max_token_bytes,
+                                     moondream=llm.core.moondream is not None, loras=list(loras))))
+    threading.Thread(target=_send_stats, args=(llm, outbox, encoder), daemon=True).start()
     decoder = msgspec.msgpack.Decoder(ToEngine)
-    server = _Server(llm, lambda delta: replies.send(encoder.encode([delta])),
-                     lambda batch: committed.send(encoder.encode(batch)))
-    while True:
-        server.handle(decoder.decode(_next_request(requests, llm) if busy_poll else requests.recv()))
+    server = _Server(llm, lambda delta: outbox.send(encoder.encode([delta])),
+                     lambda batch: outbox.send(encoder.encode(batch)))
+    frames = Frames()
+    while chunk := (_next_chunk(wire, llm) if busy_poll else wire.recv(CHUNK)):
+        for message in frames.feed(chunk):
+            server.handle(decoder.decode(message))
+    os._exit(0)  # (the API process closed its end: it is gone, and what runs here serves no one)
 
 
-def _next_request(requests: zmq.Socket, llm: LLM) -> bytes:
-    """The next message, polled for without sleeping while the engine is idle (`serve --busy-poll`):
-    this thread reads a request as it lands instead of being woken for it. While the loop thread runs
-    or is about to, it waits in the kernel as without the option, looking again each millisecond: a
-    poller holding the interpreter lock between its polls would keep the loop waiting for it."""
+def _next_chunk(wire: socket.socket, llm: LLM) -> bytes:
+    """The next bytes from the API process, polled for without sleeping while the engine is idle
+    (`serve --busy-poll`): this thread reads a request as it lands instead of being woken for it.
+    While the loop thread runs or is about to, it waits in the kernel as without the option, looking
+    again each millisecond: a poller holding the interpreter lock between its polls would keep the
+    loop waiting for it."""
     while True:
         if llm.idle:
             try:
-                return requests.recv(zmq.NOBLOCK)
-            except zmq.Again:
+                return wire.recv(CHUNK, socket.MSG_DONTWAIT)
+            except BlockingIOError:
                 continue
-        if requests.poll(1):
-            return requests.recv()
-
-
-def _pusher(ctx: zmq.Context, addr: str) -> zmq.Socket:
-    """A socket to the API process for one thread (a ZMQ socket is used by one thread at a time),
-    its queue unbounded so that a slow reader never blocks the sender."""
-    socket = ctx.socket(zmq.PUSH)
-    socket.setsockopt(zmq.SNDHWM, 0)
-    socket.connect(addr)
-    return socket
+        if select.select([wire], [], [], 0.001)[0]:
+            return wire.recv(CHUNK)
 
 
 def _exit_with_parent(parent: int) -> None:
-    """Exit once the API process is gone, however it went (a SIGKILL runs no shutdown): an orphaned
-    engine would hold its GPU's memory."""
+    """Exit once the API process is gone, however it went, even while the model loads (a SIGKILL
+    runs no shutdown): an orphaned engine would hold its GPU's memory."""
     while os.getppid() == parent:
         time.sleep(0.5)
     os._exit(1)
@@ -267,9 +258,9 @@ class _TokenPieces:
         return ship
 
 
-def _send_stats(llm: LLM, socket: zmq.Socket, encoder: msgspec.msgpack.Encoder, every: float = 0.5) -> None:
+def _send_stats(llm: LLM, outbox: Outbox, encoder: msgspec.msgpack.Encoder, every: float = 0.5) -> None:
     fields = Stats.__struct_fields__
     while True:
         stats = llm.stats()
-        socket.send(encoder.encode(Stats(**{k: stats[k] for k in fields if k in stats})))
+        outbox.send(encoder.encode(Stats(**{k: stats[k] for k in fields if k in stats})))
         time.sleep(every)
