@@ -1,6 +1,7 @@
 """The wire between the API process and an engine process: frames come out as they went in,
-however the stream is cut, and a sender never waits for a reader that has stopped reading, yet
-every frame arrives, each sender's in its order, once the reader reads again."""
+however the stream is cut; a sender never waits for a reader that has stopped reading, yet every
+frame arrives, each sender's in its order, once the reader reads again; and a sender whose reader
+is gone drops its frames without raising."""
 from __future__ import annotations
 
 import random
@@ -51,3 +52,13 @@ def test_a_sender_never_waits_for_a_reader_that_stopped_and_every_frame_arrives_
         assert all(len(m) == 2 + len(payload) for m in got)
         for sender in range(3):
             assert [m[1] for m in got if m[0] == sender] == list(range(40))
+
+
+def test_a_sender_whose_reader_is_gone_drops_its_frames_without_raising():
+    """(The engine's loop thread sends there: the API process's death must not kill the loop first.)"""
+    ours, theirs = socket.socketpair()
+    with theirs:
+        outbox = Outbox(theirs)
+        ours.close()
+        for _ in range(3):
+            outbox.send(b"x" * 100_000)

@@ -74,8 +74,10 @@ class EngineClient:
         self._process = multiprocessing.get_context("spawn").Process(
             target=run_engine, args=(self.model, self.options, self.loras, theirs, self.busy_poll),
             daemon=True, name="slipstream-engine")
-        self._process.start()
-        theirs.close()  # (the engine's copy is its own: once it exits, this end reads the close)
+        try:
+            self._process.start()
+        finally:
+            theirs.close()  # (the engine's copy is its own: once it exits, this end reads the close)
         deadline = self._loop.time() + timeout
         while self.ready is None:
             if self.dead is not None:

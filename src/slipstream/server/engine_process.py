@@ -71,13 +71,15 @@ def _next_chunk(wire: socket.socket, llm: LLM) -> bytes:
     While the loop thread runs or is about to, it waits in the kernel as without the option, looking
     again each millisecond: a poller holding the interpreter lock between its polls would keep the
     loop waiting for it."""
+    readable = select.poll()
+    readable.register(wire, select.POLLIN)
     while True:
         if llm.idle:
             try:
                 return wire.recv(CHUNK, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 continue
-        if select.select([wire], [], [], 0.001)[0]:
+        if readable.poll(1):
             return wire.recv(CHUNK)
 
 
