@@ -4,10 +4,10 @@ message a frame (its length, then its msgpack bytes).
 Not ZMQ, which issue 18 named after vLLM V1: a ZMQ ipc message wakes three threads on its way
 (the sender's I/O thread, the receiver's, then the receiving thread), and on the H200's host a
 woken thread costs 20-40 µs. A round trip measured 208 µs through ZMQ with both receivers polling
-against 30 µs through a Unix socket pair; in the server a lone request's hops to the engine and back
-took 0.13 and 0.13 ms over ZMQ, 0.07 and 0.04 over this wire (docs/server.md, run r). What ZMQ's I/O
-thread also gave, a sender that never waits for a slow reader, `Outbox` gives here; the API process's
-side is asyncio's own transport, whose writes never block either."""
+against 30 µs through a Unix socket pair; in the server (`--busy-poll`) a lone request's hops to the
+engine and back took 0.13 and 0.13 ms over ZMQ, 0.07 and 0.04 over this wire (docs/server.md, run r).
+What ZMQ's I/O thread also gave, a sender that never waits for a slow reader, `Outbox` gives here;
+the API process's side is asyncio's own transport, whose writes never block either."""
 from __future__ import annotations
 
 import collections
