@@ -51,8 +51,8 @@ class Delta(msgspec.Struct, tag=True, omit_defaults=True):
     objects: list[dict] | None = None  # point / detect: the points or boxes
     error: str | None = None  # the request failed: `invalid` says whether its input was at fault
     invalid: bool = False
-    # the engine queued the request: a delta of its own, sent by the main thread as it queues it (the
-    # first tokens come from the loop thread on another socket, so they may, rarely, arrive first)
+    # the engine queued the request: a delta of its own, sent by the main thread once it has queued it
+    # (the loop thread sends the first tokens, so they may, rarely, arrive first)
     queued: bool = False
     # a choice's first delta with tokens: when the engine process received the request and when the
     # loop committed that text (time.monotonic: one clock for every process of a Linux host)
